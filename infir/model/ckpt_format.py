@@ -1,0 +1,117 @@
+"""On-disk layout of an infir megatron checkpoint, shared by the trainer and `infir-convert`.
+
+    RUN/checkpoints/
+      latest                      text: the name of the newest *complete* iteration directory
+      iter_0000100/
+        meta.json                 format, iteration, tp size, model size fields, tokenizer, config
+        model_tp0.safetensors     tensor-parallel shard r of the megatron state dict (no _extra_state)
+        model_tp1.safetensors
+        train_*.pt                trainer state (optimizer, scheduler, RNG, data position); absent in
+                                  converted checkpoints, which then start a fresh run from these weights
+
+Why our own layout rather than megatron's dist_checkpointing: the files are plain safetensors that
+HF tooling reads, a TP shard is one file (split/merge is a tensor concat, see convert.py), and the
+atomic-commit protocol (write `iter_N.tmp/`, rename, then replace `latest`) is a few lines we can
+test by killing a run mid-save.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT = "infir-mcore-v1"
+LATEST = "latest"
+
+
+def iter_dir_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def shard_path(iter_dir: Path, tp_rank: int) -> Path:
+    return Path(iter_dir) / f"model_tp{tp_rank}.safetensors"
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of a megatron model that a checkpoint keeps (megatron's `_extra_state` holds none)."""
+    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not k.endswith("_extra_state") and v is not None}
+
+
+def save_shard(iter_dir: Path, tp_rank: int, state: dict[str, torch.Tensor]) -> None:
+    # safetensors refuses tensors that share storage (tied weights appear once in megatron anyway).
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(shard_path(iter_dir, tp_rank)))
+
+
+def load_shard(iter_dir: Path, tp_rank: int) -> dict[str, torch.Tensor]:
+    path = shard_path(iter_dir, tp_rank)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the checkpoint {iter_dir} is incomplete or was written at another TP size")
+    return load_file(str(path))
+
+
+def write_meta(iter_dir: Path, meta: dict) -> None:
+    meta = {"format": FORMAT, **meta}
+    (Path(iter_dir) / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+
+
+def read_meta(iter_dir: Path) -> dict:
+    path = Path(iter_dir) / "meta.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: {iter_dir} is not an infir checkpoint directory")
+    meta = json.loads(path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} has format {meta.get('format')!r}; expected {FORMAT!r}")
+    return meta
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def commit(tmp_dir: Path, final_dir: Path) -> None:
+    """Make a fully written `tmp_dir` the newest checkpoint: rename it, then point `latest` at it.
+
+    Both steps are atomic renames, so a crash at any instant leaves `latest` naming a complete
+    directory (the old one or the new one), never a half-written one.
+    """
+    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    for f in tmp_dir.iterdir():
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    fsync_dir(tmp_dir)
+    if final_dir.exists():  # a re-save of the same iteration after a resume
+        import shutil
+
+        shutil.rmtree(final_dir)
+    os.replace(tmp_dir, final_dir)
+    root = final_dir.parent
+    tmp_latest = root / f".{LATEST}.tmp"
+    tmp_latest.write_text(final_dir.name + "\n")
+    with open(tmp_latest, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp_latest, root / LATEST)
+    fsync_dir(root)
+
+
+def resolve(path: str | Path) -> Path:
+    """An iteration directory from a checkpoints root (via `latest`), a run dir, or the iteration dir itself."""
+    path = Path(path)
+    if (path / "meta.json").exists():
+        return path
+    for root in (path, path / "checkpoints"):
+        latest = root / LATEST
+        if latest.exists():
+            it = root / latest.read_text().strip()
+            if not (it / "meta.json").exists():
+                raise FileNotFoundError(f"{latest} names {it}, which has no meta.json: the checkpoint is damaged")
+            return it
+    raise FileNotFoundError(
+        f"no infir checkpoint at {path}: expected meta.json there, or a '{LATEST}' file in it or in its checkpoints/ folder"
+    )

@@ -1,0 +1,40 @@
+"""The few places where megatron-core 0.16 assumes CUDA, made safe on a CPU-only host.
+
+Active only when CUDA is absent (CI, laptops): with a GPU, nothing here is touched.
+- megatron asks `torch.cuda.current_device()` for the device of tensors it creates at run time:
+  RotaryEmbedding.get_emb (models/common/embeddings/rotary_pos_embedding.py:162) moves `inv_freq`
+  there, and DDP's _ParamAndGradBuffer (distributed/param_and_grad_buffer.py:806) allocates its
+  gradient buffers there. Without CUDA the call raises; we make it answer "cpu", which every such
+  `device=` argument accepts. (A per-call-site patch would fork more of megatron than this one line.)
+- tensor_parallel.model_parallel_cuda_manual_seed raises without CUDA: `seed_everything` seeds the
+  CPU generator alone there (dropout is off in our configs, so the CUDA RNG tracker is never forked).
+- megatron's local DotProductAttention builds its mask on "cuda": our spec uses SDPAttention instead.
+- megatron's optimizer wrappers allocate on 'cuda' unconditionally (optimizer/optimizer.py:907), so
+  the trainer steps a plain torch optimizer over DDP's fp32 `main_grad` buffers instead (train/loop.py).
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+_installed = False
+
+
+def install() -> None:
+    global _installed
+    if _installed or torch.cuda.is_available():
+        return
+    torch.cuda.current_device = lambda: "cpu"
+    _installed = True
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)

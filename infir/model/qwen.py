@@ -1,0 +1,157 @@
+"""The Qwen2.5 family as megatron-core `TransformerConfig`s, and the GPTModel built from them.
+
+One size table (`SIZES`): the published Qwen2.5 shapes, and `tiny` for tests and the demo, which runs
+the same code path as 7B. The architecture is Qwen2's: grouped-query attention with bias on Q/K/V
+only, RMSNorm (eps 1e-6), SwiGLU MLP, RoPE with theta 1e6, embeddings tied to the LM head for
+0.5B/1.5B/3B and untied for 7B.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class QwenSize:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    tied: bool
+    max_positions: int = 32768
+    rope_theta: float = 1_000_000.0
+    norm_eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def num_params(self) -> int:
+        """Parameter count (embedding and, if untied, LM head included)."""
+        d, kv = self.hidden, self.kv_heads * self.head_dim
+        attn = d * (d + 2 * kv) + (d + 2 * kv) + d * d
+        mlp = 3 * d * self.ffn
+        per_layer = attn + mlp + 2 * d
+        emb = self.vocab * d * (1 if self.tied else 2)
+        return self.layers * per_layer + emb + d
+
+
+SIZES: dict[str, QwenSize] = {
+    # 4 layers, GQA 4:2, vocab of the demo BPE tokenizer: ~1.6M params, a few ms a step on CPU.
+    "tiny": QwenSize(hidden=128, layers=4, heads=4, kv_heads=2, ffn=352, vocab=8192, tied=True, max_positions=2048),
+    "qwen2.5-0.5b": QwenSize(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936, tied=True),
+    "qwen2.5-1.5b": QwenSize(hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936, tied=True),
+    "qwen2.5-3b": QwenSize(hidden=2048, layers=36, heads=16, kv_heads=2, ffn=11008, vocab=151936, tied=True),
+    "qwen2.5-7b": QwenSize(hidden=3584, layers=28, heads=28, kv_heads=4, ffn=18944, vocab=152064, tied=False),
+}
+
+
+def get_size(name: str, **overrides) -> QwenSize:
+    if name not in SIZES:
+        raise KeyError(f"model.name={name!r} is not a known size; valid: {sorted(SIZES)}")
+    return replace(SIZES[name], **overrides) if overrides else SIZES[name]
+
+
+def check_parallel(size: QwenSize, tp: int, seq_length: int, sequence_parallel: bool = False) -> None:
+    """Fail before training, naming the key, when the model cannot be split as asked."""
+    if tp < 1:
+        raise ValueError(f"parallel.tp={tp} must be >= 1")
+    for what, n in (("model.heads", size.heads), ("model.kv_heads", size.kv_heads), ("model.ffn", size.ffn)):
+        if n % tp:
+            valid = [t for t in range(1, n + 1) if size.heads % t == 0 and size.kv_heads % t == 0 and size.ffn % t == 0]
+            raise ValueError(f"parallel.tp={tp} does not divide {what}={n}; valid tp values for this model: {valid}")
+    if size.vocab % tp:
+        raise ValueError(f"parallel.tp={tp} does not divide model.vocab={size.vocab}")
+    if seq_length > size.max_positions:
+        raise ValueError(f"data.seq_length={seq_length} exceeds the model's max_positions={size.max_positions}")
+    if sequence_parallel and seq_length % tp:
+        raise ValueError(f"data.seq_length={seq_length} must be divisible by parallel.tp={tp} with sequence parallelism")
+
+
+def transformer_config(
+    size: QwenSize,
+    *,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    params_dtype: torch.dtype = torch.float32,
+    init_std: float = 0.02,
+    recompute: str | None = None,
+    cpu_init: bool = True,
+):
+    """A megatron TransformerConfig for `size`.
+
+    `cpu_init` initialises every weight whole on the CPU from one RNG stream and then splits it across
+    tensor-parallel ranks, so TP=1 and TP=2 start from identical weights (megatron's GPU init draws
+    per-rank streams). `recompute`: None, "selective" (attention core) or "full" (whole layers).
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    recompute_kwargs = {}
+    if recompute == "selective":
+        recompute_kwargs = dict(recompute_granularity="selective", recompute_modules=["core_attn"])
+    elif recompute == "full":
+        recompute_kwargs = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif recompute not in (None, "none"):
+        raise ValueError(f"model.recompute={recompute!r}; valid: none, selective, full")
+    return TransformerConfig(
+        num_layers=size.layers,
+        hidden_size=size.hidden,
+        num_attention_heads=size.heads,
+        num_query_groups=size.kv_heads,
+        kv_channels=size.head_dim,
+        ffn_hidden_size=size.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=size.norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=init_std,
+        tensor_model_parallel_size=tp,
+        sequence_parallel=sequence_parallel and tp > 1,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        use_cpu_initialization=cpu_init,
+        # The fused paths below need apex / Transformer Engine or CUDA-only kernels.
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        **recompute_kwargs,
+    )
+
+
+def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int):
+    """megatron GPTModel for one pipeline stage holding the whole depth (pre- and post-process)."""
+    from megatron.core.models.gpt import GPTModel
+
+    from infir.model import cpu_shims
+    from infir.model.spec import LinearClasses, layer_spec
+
+    cpu_shims.install()
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(linears or LinearClasses()),
+        vocab_size=size.vocab,
+        max_sequence_length=max(seq_length, 1),
+        pre_process=True,
+        post_process=True,
+        share_embeddings_and_output_weights=size.tied,
+        position_embedding_type="rope",
+        rotary_base=int(size.rope_theta),
+        rotary_percent=1.0,
+        parallel_output=True,
+    )
+
+
+def describe(name: str) -> dict:
+    size = get_size(name)
+    return {"name": name, **asdict(size), "params": size.num_params()}

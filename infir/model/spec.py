@@ -1,0 +1,58 @@
+"""The transformer-layer spec of infir's Qwen2.5 models, as a megatron-core ModuleSpec tree.
+
+Megatron stays unmodified: this function returns the same tree as megatron's local GPT spec
+(TransformerLayer -> SelfAttention(linear_qkv, core_attention, linear_proj) -> MLP(linear_fc1,
+linear_fc2)) with two substitutions — core attention through SDPA (see attention.py), and the four
+projection classes taken from `linears`, which is where a precision recipe (infir.fp8) swaps in its
+FP8 linears. Norms stay megatron's torch RMSNorm, in the parameter dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+from infir.model.attention import SDPAttention
+
+
+@dataclass(frozen=True)
+class LinearClasses:
+    """Which module runs each projection. Column-parallel: QKV and FC1; row-parallel: proj and FC2."""
+
+    column: type = ColumnParallelLinear
+    row: type = RowParallelLinear
+
+
+def layer_spec(linears: LinearClasses = LinearClasses()) -> ModuleSpec:
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=WrappedTorchNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=linears.column,
+                    core_attention=SDPAttention,
+                    linear_proj=linears.row,
+                    q_layernorm=IdentityOp,
+                    k_layernorm=IdentityOp,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=ModuleSpec(
+                module=MLP,
+                submodules=MLPSubmodules(linear_fc1=linears.column, linear_fc2=linears.row),
+            ),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )

@@ -1,0 +1,1 @@
+"""The training system: loop, schedule, checkpoints, logging (see loop.py)."""

@@ -1,0 +1,57 @@
+"""The datasets a stage trains on, from the `data` config group (demo | custom | synthetic)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+
+from infir.train.synthetic import RandomTokens
+
+
+def tokenizer_dir(cfg) -> Path | None:
+    if cfg.data.name == "synthetic":
+        return None
+    if cfg.data.tokenizer:
+        path = Path(cfg.data.tokenizer)
+        if not (path / "tokenizer.json").exists() and not (path / "tokenizer_config.json").exists():
+            raise FileNotFoundError(f"data.tokenizer={path} is not a HF tokenizer directory (no tokenizer.json / tokenizer_config.json there)")
+        return path
+    from infir.data import DEMO_TOKENIZER
+
+    return Path(DEMO_TOKENIZER)
+
+
+def _sources(cfg, info) -> tuple[object, object]:
+    """(train source, validation source) of the stage's dataset: a prefix, a blend list, or a mixture file."""
+    name = cfg.stage.dataset
+    if cfg.data.name == "demo":
+        from infir.data.demo import ensure_demo_data
+
+        if info.is_main:
+            ensure_demo_data(Path(cfg.data.root))
+        dist.barrier()
+        paths = ensure_demo_data(Path(cfg.data.root))
+        valid = paths.get(f"{name}_valid")
+        return paths[name], valid
+    sources = cfg.data.sources or {}
+    if name not in sources or sources[name] in (None, "???"):
+        raise ValueError(f"data.sources.{name} is not set: stage={cfg.stage.name} reads the '{name}' source; prepare it with `infir-prep` and pass data.sources.{name}=PREFIX")
+    return sources[name], cfg.data.valid
+
+
+def build(cfg, info, vocab: int):
+    """(train dataset, validation dataset or None) for this stage."""
+    seq = cfg.stage.seq_length
+    if cfg.data.name == "synthetic":
+        return RandomTokens(vocab, seq, seed=cfg.seed), RandomTokens(vocab, seq, num_samples=4096, seed=cfg.seed + 1)
+    train_src, valid_src = _sources(cfg, info)
+    tok = tokenizer_dir(cfg)
+    if cfg.stage.dataset == "pretrain":
+        from infir.data import build_pretrain_datasets
+
+        return build_pretrain_datasets(train_src, seq_length=seq, tokenizer=tok, valid=valid_src, seed=cfg.seed)
+    from infir.data import build_sft_dataset
+
+    train = build_sft_dataset(train_src, seq_length=seq)
+    valid = build_sft_dataset(valid_src, seq_length=seq) if valid_src else None
+    return train, valid

@@ -1,0 +1,88 @@
+"""Process-group setup for torchrun (or a single process): NCCL on GPUs, gloo on CPU, megatron's TP/DP groups."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    tp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(choice: str, local_rank: int) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("device=cuda but CUDA is not available here; use device=cpu or device=auto")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if choice != "cpu":
+        raise ValueError(f"device={choice!r}; valid: auto, cpu, cuda")
+    return torch.device("cpu")
+
+
+def init(tp: int, device_choice: str = "auto", timeout_s: int = 600) -> DistInfo:
+    from megatron.core import parallel_state as ps
+
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = pick_device(device_choice, local_rank)
+    if world % tp:
+        raise ValueError(f"parallel.tp={tp} does not divide the number of processes ({world}); launch tp x dp processes")
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()) if world == 1 else "29500")
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            **({"device_id": device} if device.type == "cuda" else {}),
+        )
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+    return DistInfo(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        tp=tp,
+        dp=world // tp,
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        device=device,
+    )
+
+
+def shutdown() -> None:
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
