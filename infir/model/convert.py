@@ -35,6 +35,11 @@ from infir.model import ckpt_format
 from infir.model.hf_config import hf_config, size_from_hf_config, size_name
 from infir.model.qwen import QwenSize, check_parallel
 
+__all__ = [
+    "hf_config", "size_from_hf_config", "hf_to_mcore_state", "mcore_to_hf_state", "split_tp", "merge_tp",
+    "hf_to_mcore", "mcore_to_hf", "load_hf_state", "load_into_model", "size_from_meta", "main",
+]
+
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -213,7 +218,8 @@ def _check_hf_state(hf_state: dict[str, torch.Tensor], size: QwenSize) -> None:
     present = {k for k in hf_state if not k.endswith(_IGNORED_HF_SUFFIXES)}
     if size.tied and "lm_head.weight" in present:
         # A tied model's state_dict() lists lm_head.weight as a second name of the embedding.
-        if not torch.equal(hf_state["lm_head.weight"], hf_state.get("model.embed_tokens.weight", torch.empty(0))):
+        embedding = hf_state.get("model.embed_tokens.weight")
+        if embedding is not None and not torch.equal(hf_state["lm_head.weight"], embedding):
             raise ValueError(
                 "config.json says tie_word_embeddings=true but the checkpoint's lm_head.weight differs from "
                 "model.embed_tokens.weight: set tie_word_embeddings=false in config.json to keep the separate LM head"
@@ -282,8 +288,8 @@ def mcore_to_hf_state(shards: list[dict[str, torch.Tensor]], size: QwenSize) -> 
     hf: dict[str, torch.Tensor] = {}
     for e in _mapping(size):
         parts = e.split(_merge_tensor(e.mcore, [s[e.mcore] for s in shards]))
-        # contiguous(): safetensors writes whole storages, and the split parts are views of one.
-        hf.update({k: t.contiguous() if len(parts) > 1 else t for k, t in zip(e.hf, parts)})
+        # Parts of one fused tensor would share its storage, which safetensors refuses: own copies.
+        hf.update({k: t.clone(memory_format=torch.contiguous_format) if len(parts) > 1 else t for k, t in zip(e.hf, parts)})
     return hf
 
 
@@ -439,8 +445,9 @@ def mcore_to_hf(ckpt_dir: str | Path, out_dir: str | Path, dtype: str | None = N
     tokenizer_dir = _tokenizer_dir(meta)
     token_ids = _token_ids(meta, tokenizer_dir)
     weights_dtype = next(iter(state.values())).dtype
-    hf_config(size, dtype=weights_dtype, **token_ids).save_pretrained(out_dir)
+    # Weights first, config.json last: an interrupted conversion leaves no directory that looks loadable.
     save_torch_state_dict(state, out_dir, max_shard_size=max_shard_size, metadata={"format": "pt"})
+    hf_config(size, dtype=weights_dtype, **token_ids).save_pretrained(out_dir)
     generation = (meta.get("hf") or {}).get("generation_config")
     (GenerationConfig.from_dict(generation) if generation else GenerationConfig(**token_ids)).save_pretrained(out_dir)
     if tokenizer_dir is not None:

@@ -7,13 +7,16 @@ Active only when CUDA is absent (CI, laptops): with a GPU, nothing here is touch
   gradient buffers there. Without CUDA the call raises; we make it answer "cpu", which every such
   `device=` argument accepts. (A per-call-site patch would fork more of megatron than this one line.)
 - tensor_parallel.model_parallel_cuda_manual_seed raises without CUDA: `seed_everything` seeds the
-  CPU generator alone there (dropout is off in our configs, so the CUDA RNG tracker is never forked).
+  CPU generator alone there. Under sequence parallelism the embedding still forks megatron's CUDA RNG
+  tracker around its (zero-rate) dropout (language_model_embedding.py:145); on CPU that fork is a
+  no-op context, as megatron's own inference tracker makes it.
 - megatron's local DotProductAttention builds its mask on "cuda": our spec uses SDPAttention instead.
 - megatron's optimizer wrappers allocate on 'cuda' unconditionally (optimizer/optimizer.py:907), so
   the trainer steps a plain torch optimizer over DDP's fp32 `main_grad` buffers instead (train/loop.py).
 """
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
@@ -27,6 +30,9 @@ def install() -> None:
     if _installed or torch.cuda.is_available():
         return
     torch.cuda.current_device = lambda: "cpu"
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
     _installed = True
 
 

@@ -81,12 +81,15 @@ def transformer_config(
     init_std: float = 0.02,
     recompute: str | None = None,
     cpu_init: bool = True,
+    fusions: bool = False,
 ):
     """A megatron TransformerConfig for `size`.
 
     `cpu_init` initialises every weight whole on the CPU from one RNG stream and then splits it across
     tensor-parallel ranks, so TP=1 and TP=2 start from identical weights (megatron's GPU init draws
     per-rank streams). `recompute`: None, "selective" (attention core) or "full" (whole layers).
+    `fusions` turns on megatron's own torch.compile-fused SwiGLU, bias-dropout-add and vocab-parallel
+    cross entropy (GPU; on CPU their compile time outweighs a tiny model's step).
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -118,10 +121,12 @@ def transformer_config(
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         use_cpu_initialization=cpu_init,
-        # The fused paths below need apex / Transformer Engine or CUDA-only kernels.
+        bias_activation_fusion=fusions,
+        bias_dropout_fusion=fusions,
+        cross_entropy_loss_fusion=fusions,
+        cross_entropy_fusion_impl="native",
+        # These need apex / Transformer Engine kernels, which infir does not assume.
         gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
@@ -134,12 +139,12 @@ def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int):
     from megatron.core.models.gpt import GPTModel
 
     from infir.model import cpu_shims
-    from infir.model.spec import LinearClasses, layer_spec
+    from infir.model.spec import LinearClasses, block_spec
 
     cpu_shims.install()
-    return GPTModel(
+    model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(linears or LinearClasses()),
+        transformer_layer_spec=block_spec(size.layers, linears or LinearClasses()),
         vocab_size=size.vocab,
         max_sequence_length=max(seq_length, 1),
         pre_process=True,
@@ -150,6 +155,14 @@ def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int):
         rotary_percent=1.0,
         parallel_output=True,
     )
+    # GPTModel builds its LM head from megatron's own ColumnParallelLinear, outside the layer spec.
+    # Same parameters and sharding, our matmul path (autocast on CPU, torch.compile-friendly); the LM
+    # head stays high precision under every recipe, as InfiR2 and LLMQ keep it.
+    from infir.model.linears import ColumnLinear
+
+    if model.output_layer is not None and type(model.output_layer) is not ColumnLinear:
+        model.output_layer.__class__ = ColumnLinear
+    return model
 
 
 def describe(name: str) -> dict:

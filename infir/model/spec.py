@@ -4,38 +4,39 @@ Megatron stays unmodified: this function returns the same tree as megatron's loc
 (TransformerLayer -> SelfAttention(linear_qkv, core_attention, linear_proj) -> MLP(linear_fc1,
 linear_fc2)) with two substitutions — core attention through SDPA (see attention.py), and the four
 projection classes taken from `linears`, which is where a precision recipe (infir.fp8) swaps in its
-FP8 linears. Norms stay megatron's torch RMSNorm, in the parameter dtype.
+FP8 linears. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the parameter dtype.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.torch_norm import WrappedTorchNorm
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from infir.model.attention import SDPAttention
+from infir.model.linears import ColumnLinear, RowLinear
+from infir.model.norm import RMSNorm
 
 
 @dataclass(frozen=True)
 class LinearClasses:
     """Which module runs each projection. Column-parallel: QKV and FC1; row-parallel: proj and FC2."""
 
-    column: type = ColumnParallelLinear
-    row: type = RowParallelLinear
+    column: type = ColumnLinear
+    row: type = RowLinear
 
 
 def layer_spec(linears: LinearClasses = LinearClasses()) -> ModuleSpec:
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
-            input_layernorm=WrappedTorchNorm,
+            input_layernorm=RMSNorm,
             self_attention=ModuleSpec(
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
@@ -48,7 +49,7 @@ def layer_spec(linears: LinearClasses = LinearClasses()) -> ModuleSpec:
                 ),
             ),
             self_attn_bda=get_bias_dropout_add,
-            pre_mlp_layernorm=WrappedTorchNorm,
+            pre_mlp_layernorm=RMSNorm,
             mlp=ModuleSpec(
                 module=MLP,
                 submodules=MLPSubmodules(linear_fc1=linears.column, linear_fc2=linears.row),
@@ -56,3 +57,8 @@ def layer_spec(linears: LinearClasses = LinearClasses()) -> ModuleSpec:
             mlp_bda=get_bias_dropout_add,
         ),
     )
+
+
+def block_spec(num_layers: int, linears: LinearClasses = LinearClasses()) -> TransformerBlockSubmodules:
+    """All layers plus the final norm (megatron's default final norm would be its SP-refusing torch norm)."""
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(linears)] * num_layers, layer_norm=RMSNorm)

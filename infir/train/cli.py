@@ -15,6 +15,16 @@ def conf_dir() -> Path:
     return path
 
 
+def compose(overrides: list[str] | None = None):
+    """The config `infir-train OVERRIDES...` would run, for benches and tests (no Hydra run dir)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    _quiet_megatron()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return hydra_compose(config_name="config", overrides=list(overrides or []))
+
+
 def _quiet_megatron() -> None:
     # megatron-core warns on import that Transformer Engine / apex are absent (infir never needs them)
     # and logs every DDP bucket's parameter list at INFO.

@@ -42,6 +42,11 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.save_interval > 0, "train.save_interval", tr.save_interval, "a positive integer")
     _need(cfg.data.name in ("demo", "custom", "synthetic"), "data.name", cfg.data.name, "demo, custom or synthetic")
     _need(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset, "pretrain with data=synthetic")
+    if cfg.data.name == "custom" and not (cfg.data.sources or {}).get(st.dataset):
+        raise ConfigError(
+            f"data.sources.{st.dataset} is not set: stage={st.name} reads the '{st.dataset}' source; "
+            f"prepare it with `infir-prep` and pass data.sources.{st.dataset}=PREFIX (or a [weight, prefix, ...] blend)"
+        )
     if cfg.init_from is not None:
         from pathlib import Path
 

@@ -31,26 +31,43 @@ def _sources(cfg, info) -> tuple[object, object]:
             ensure_demo_data(Path(cfg.data.root))
         dist.barrier()
         paths = ensure_demo_data(Path(cfg.data.root))
-        valid = paths.get(f"{name}_valid")
-        return paths[name], valid
+        return paths[name], paths.get(f"{name}_valid")
     sources = cfg.data.sources or {}
     if name not in sources or sources[name] in (None, "???"):
         raise ValueError(f"data.sources.{name} is not set: stage={cfg.stage.name} reads the '{name}' source; prepare it with `infir-prep` and pass data.sources.{name}=PREFIX")
     return sources[name], cfg.data.valid
 
 
+def _blend(src):
+    """A prefix stays a prefix; an OmegaConf list [w, prefix, ...] becomes a plain list."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(src) if OmegaConf.is_config(src) else src
+
+
 def build(cfg, info, vocab: int):
-    """(train dataset, validation dataset or None) for this stage."""
+    """(train dataset, validation dataset or None) for this stage.
+
+    Pretraining draws `stage.iters x stage.global_batch` sequences (megatron repeats epochs of a
+    weighted blend as needed); SFT datasets are epochs of packed samples.
+    """
     seq = cfg.stage.seq_length
     if cfg.data.name == "synthetic":
         return RandomTokens(vocab, seq, seed=cfg.seed), RandomTokens(vocab, seq, num_samples=4096, seed=cfg.seed + 1)
     train_src, valid_src = _sources(cfg, info)
     tok = tokenizer_dir(cfg)
     if cfg.stage.dataset == "pretrain":
-        from infir.data import build_pretrain_datasets
+        from infir.data.pretrain import build_pretrain_datasets
 
-        return build_pretrain_datasets(train_src, seq_length=seq, tokenizer=tok, valid=valid_src, seed=cfg.seed)
-    from infir.data import build_sft_dataset
+        if not cfg.stage.iters:
+            raise ValueError("stage.iters must be set for pretraining stages (stage.epochs applies to SFT)")
+        valid_samples = cfg.train.eval_iters * cfg.stage.micro_batch * info.dp
+        return build_pretrain_datasets(
+            _blend(train_src), seq_length=seq, tokenizer=tok, valid_blend=_blend(valid_src) if valid_src else None,
+            train_samples=cfg.stage.iters * cfg.stage.global_batch, valid_samples=max(valid_samples, 1), seed=cfg.seed,
+            cache_dir=Path(cfg.run_dir) / "data_cache",
+        )
+    from infir.data.sft import build_sft_dataset
 
     train = build_sft_dataset(train_src, seq_length=seq)
     valid = build_sft_dataset(valid_src, seq_length=seq) if valid_src else None

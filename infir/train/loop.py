@@ -26,6 +26,11 @@ from infir.train.precision import get_recipe
 from infir.train.schedule import lr_at, resolve_warmup
 
 
+def _on_gpu(choice, device: torch.device) -> bool:
+    """A true/false/auto switch where auto means: on CUDA devices."""
+    return device.type == "cuda" if choice == "auto" else bool(choice)
+
+
 class NonFiniteError(RuntimeError):
     """A NaN/Inf loss or gradient norm stopped the run (the last good checkpoint is kept)."""
 
@@ -61,8 +66,14 @@ class Trainer:
             init_std=cfg.model.init_std,
             recompute=cfg.model.recompute,
             cpu_init=cfg.model.cpu_init,
+            fusions=_on_gpu(cfg.model.fusions, self.device),
         )
         model = build_gpt(self.size, tcfg, self.recipe.linears, seq_length=st.seq_length).to(self.device)
+        if _on_gpu(cfg.model.compile, self.device):
+            # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
+            # Module.compile() works in place, so parameter names and checkpoints are unchanged.
+            for layer in model.decoder.layers:
+                layer.compile()
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.model = DistributedDataParallel(
@@ -242,7 +253,7 @@ class Trainer:
         self._summary("running")
         self.log.console(
             f"{cfg.run_name}: {self.size.num_params() / 1e6:.1f}M params, tp={self.info.tp} dp={self.info.dp}, "
-            f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.describe(self.device)}"
+            f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.name}"
         )
         start_step, launch_steps = self.step, 0
         window_t, window_steps = time.perf_counter(), 0

@@ -21,16 +21,9 @@ class PrecisionRecipe:
     linears: LinearClasses = field(default_factory=LinearClasses)
 
     def autocast(self, device: torch.device):
-        # megatron's linear autograd functions re-enter autocast in backward only for CUDA
-        # (torch.amp.custom_bwd(device_type="cuda")), so CPU runs compute in FP32 (see describe()).
-        if self.compute_dtype == torch.float32 or device.type != "cuda":
+        if self.compute_dtype == torch.float32:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=self.compute_dtype)
-
-    def describe(self, device: torch.device) -> str:
-        if self.compute_dtype != torch.float32 and device.type != "cuda":
-            return f"{self.name} (computed in FP32 on CPU: megatron's linears support autocast on CUDA only)"
-        return self.name
 
     def after_optimizer_step(self, model: torch.nn.Module) -> None:
         """Nothing to refresh for high-precision recipes."""

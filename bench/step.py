@@ -1,0 +1,153 @@
+"""End-to-end training-step throughput of infir's megatron trainer on one GPU.
+
+For each case (model x seq x recompute x precision) it builds the real Trainer on synthetic tokens,
+warms up, times optimizer steps, and reports tokens/s, TFLOP/s, MFU (of the 989 TFLOP/s dense BF16
+spec peak and of the GEMM ceiling measured here at the model's own shapes) and peak memory. With
+--profile it also splits one step's GPU time into block GEMMs / LM head / attention / optimizer /
+other, which gives f, the share FP8 can speed up.
+
+    python bench/step.py --models qwen2.5-0.5b qwen2.5-1.5b --seq 4096 --mbs 2 --recompute none selective
+"""
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import base_parser, bench_ms, emit, markdown_table  # noqa: E402
+
+SPEC_PEAK = 989.0
+
+
+def gemm_ceiling(size, tokens: int) -> float:
+    """BF16 TFLOP/s of the model's own matmuls (fwd shapes of QKV, proj, FC1, FC2, LM head), time-weighted."""
+    d, kv, f, v = size.hidden, size.kv_heads * size.head_dim, size.ffn, size.vocab
+    shapes = [(d, d + 2 * kv), (d, d), (d, 2 * f), (f, d), (d, v)]
+    flops = ms = 0.0
+    for k, n in shapes:
+        a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        t = bench_ms(lambda: a @ w.t())
+        flops += 2 * tokens * k * n
+        ms += t
+    return flops / (ms * 1e-3) / 1e12
+
+
+def classify(name: str) -> str:
+    n = name.lower()
+    if any(k in n for k in ("flash", "fmha", "attention", "attn")):
+        return "attention"
+    if any(k in n for k in ("adam", "multi_tensor", "foreach")):
+        return "optimizer"
+    if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90")):
+        return "gemm"
+    if any(k in n for k in ("quant", "fp8", "cast_to")):
+        return "quantize"
+    if any(k in n for k in ("nll", "cross_entropy", "log_softmax", "softmax")):
+        return "loss"
+    if any(k in n for k in ("copy", "fill", "memcpy", "memset")):
+        return "copies"
+    return "elementwise/other"
+
+
+def profile_step(trainer) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        trainer.train_step(trainer.step)
+        torch.cuda.synchronize()
+    share: dict[str, float] = {}
+    kernels = []
+    for evt in prof.key_averages():
+        t = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
+        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA:
+            share[classify(evt.key)] = share.get(classify(evt.key), 0.0) + t
+            kernels.append((t, evt.count, evt.key))
+    total = sum(share.values())
+    top = sorted(kernels, reverse=True)[:25]
+    print("top kernels (one step):\n" + "\n".join(f"  {100 * t / total:5.1f}% x{n:<4d} {k[:150]}" for t, n, k in top), flush=True)
+    return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
+
+
+def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int, profile: bool) -> dict:
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    cfg = compose([
+        f"model={model}", f"precision={precision}", "data=synthetic", "logger=none", "scale=full",
+        f"model.recompute={recompute}", f"stage.seq_length={seq}", f"stage.micro_batch={mbs}",
+        f"stage.global_batch={mbs * accum}", f"stage.iters={steps + 100}", "stage.warmup_iters=10",
+        f"run_dir=/tmp/bench_step/{model}-{precision}-{seq}-{recompute}", "train.save_interval=1000000",
+        "train.eval_interval=0",
+    ])
+    torch.cuda.reset_peak_memory_stats()
+    trainer = Trainer(cfg)
+    for _ in range(3):
+        trainer.train_step(trainer.step)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        trainer.train_step(trainer.step + i)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    tps = trainer.tokens_per_step / dt
+    tflops = tps * trainer.flops_per_token / 1e12
+    row = {
+        "model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
+        "step_ms": dt * 1e3, "tokens/s": round(tps), "TFLOP/s": tflops, "MFU(spec)": tflops / SPEC_PEAK,
+        "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
+    }
+    ceiling = gemm_ceiling(trainer.size, mbs * seq)
+    row["GEMM_ceiling_TFLOP/s"] = ceiling
+    row["MFU(ceiling)"] = tflops / ceiling
+    if profile:
+        row["profile"] = profile_step(trainer)
+    trainer.log.finish()
+    del trainer
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"])
+    p.add_argument("--seq", nargs="+", type=int, default=[4096])
+    p.add_argument("--mbs", type=int, default=2)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--recompute", nargs="+", default=["none", "selective"])
+    p.add_argument("--precision", nargs="+", default=["bf16"])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--profile", action="store_true")
+    args = p.parse_args()
+    rows, profiles = [], []
+    for model in args.models:
+        for seq in args.seq:
+            for rc in args.recompute:
+                for prec in args.precision:
+                    try:
+                        row = run_case(model, seq, args.mbs, args.accum, rc, prec, args.steps, args.profile)
+                    except torch.OutOfMemoryError:
+                        row = {"model": model, "precision": prec, "seq": seq, "recompute": rc, "step_ms": "OOM"}
+                        gc.collect(); torch.cuda.empty_cache()
+                    prof = row.pop("profile", None)
+                    if prof:
+                        profiles.append({"case": f"{model} {prec} s{seq} {rc}", **{k: f"{100 * v:.1f}%" for k, v in prof.items()}})
+                    rows.append(row)
+                    print(row, flush=True)
+    sections = [markdown_table(rows)]
+    if profiles:
+        cols = ["case"] + sorted({k for r in profiles for k in r if k != "case"})
+        sections.append("GPU time by kernel class (one step):\n\n" + markdown_table(profiles, cols))
+    emit("Training step, infir trainer (megatron-core GPTModel, SDPA attention)", sections, args.out)
+    from infir.train import dist as distributed
+
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""A wrong config fails before training, with a message naming the key and the valid values."""
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from infir.train.cli import compose
+from infir.train.config import ConfigError, validate
+
+from trainrun import run_train
+
+
+def test_default_config_is_the_cpu_demo():
+    cfg = compose([])
+    validate(cfg)
+    assert (cfg.model.name, cfg.data.name, cfg.stage.name, cfg.precision.name) == ("tiny", "demo", "cpt", "bf16")
+    assert cfg.run_name == "tiny-bf16-cpt"
+
+
+def test_unknown_group_option_lists_the_valid_ones():
+    with pytest.raises(ConfigCompositionException) as e:
+        compose(["model=qwen9"])
+    assert "qwen2.5-1.5b" in str(e.value.__cause__ or e.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["parallel.tp=3"], "parallel.tp=3 does not divide model.heads=4"),
+        (["stage.seq_length=4096"], "exceeds the model's max_positions=2048"),
+        (["parallel=tp2", "stage.seq_length=255"], "must be divisible by parallel.tp=2"),
+        (["stage.schedule=linear"], "stage.schedule='linear'"),
+        (["train.on_nan=ignore"], "train.on_nan='ignore'"),
+        (["device=tpu"], "device='tpu'"),
+        (["data=custom"], "data.tokenizer must be set"),
+        (["init_from=/nonexistent/ckpt"], "init_from='/nonexistent/ckpt'"),
+        (["stage.lr=1e-4", "stage.min_lr=1e-3"], "stage.min_lr=0.001"),
+    ],
+)
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.").replace("'", "'")):
+        validate(compose(overrides))
+
+
+def test_missing_data_source_is_named_before_training(tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    proc = run_train(["data=custom", f"data.tokenizer={tok}", "data.sources.pretrain=null", f"run_dir={tmp_path / 'run'}"], check=False)
+    assert proc.returncode != 0
+    assert "data.sources.pretrain is not set" in proc.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,0 +1,109 @@
+"""The training loop on CPU, end to end through `infir-train` (subprocesses, gloo)."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from infir.model import ckpt_format
+
+from trainrun import REPO, losses, run_train, summary, train_cmd
+
+FAST = ["logger=none", "precision=fp32", "train.log_interval=1", "train.eval_interval=0"]
+
+
+def demo(root, run_dir, *extra):
+    return [*FAST, f"data.root={root}", f"run_dir={run_dir}", *extra]
+
+
+def test_tp2_with_sequence_parallel_matches_tp1(demo_root, tmp_path):
+    steps = ["stage.iters=20"]
+    run_train(demo(demo_root, tmp_path / "tp1", *steps))
+    run_train(demo(demo_root, tmp_path / "tp2", *steps, "parallel=tp2"), nproc=2)
+    a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    assert a[20] < a[1] - 1.0, "the model should learn on real text over 20 steps"
+    for step in a:
+        assert abs(a[step] - b[step]) <= 1e-3 * abs(a[step]), (step, a[step], b[step])
+
+
+def test_killed_run_resumes_on_the_same_loss_curve(demo_root, tmp_path):
+    args = ["stage.iters=24", "train.save_interval=8"]
+    run_train(demo(demo_root, tmp_path / "whole", *args))
+    # The same run, SIGKILLed after its step-8 checkpoint (mid-way to the next), then restarted.
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(train_cmd(demo(demo_root, run_dir, *args)), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (run_dir / "checkpoints" / "latest").exists() and max(losses(run_dir), default=0) >= 11:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ckpt_format.resolve(run_dir / "checkpoints").name == "iter_0000008"
+    out = run_train(demo(demo_root, run_dir, *args))
+    assert "resumed from" in out.stdout and "at step 8" in out.stdout
+    whole, resumed = losses(tmp_path / "whole"), losses(run_dir)
+    assert sorted(resumed) == list(range(1, 25))
+    for step in range(1, 25):
+        assert resumed[step] == pytest.approx(whole[step], rel=1e-6, abs=1e-6), step
+    assert summary(run_dir)["status"] == "finished"
+
+
+def test_crash_during_save_keeps_the_last_complete_checkpoint(demo_root, tmp_path):
+    """A save that dies half-way leaves `latest` on the previous checkpoint, and the run resumes from it."""
+    run_dir = tmp_path / "run"
+    run_train(demo(demo_root, run_dir, "stage.iters=4", "train.save_interval=2"))
+    ckpts = run_dir / "checkpoints"
+    # What a crash mid-save leaves: a half-written next iteration directory, never committed.
+    half = ckpts / "iter_0000006.tmp"
+    half.mkdir()
+    (half / "model_tp0.safetensors").write_bytes(b"\0" * 100)
+    assert ckpt_format.resolve(ckpts).name == "iter_0000004"
+    out = run_train(demo(demo_root, run_dir, "stage.iters=6", "train.save_interval=2"))
+    assert "at step 4" in out.stdout
+    assert ckpt_format.resolve(ckpts).name == "iter_0000006" and not half.exists()
+
+
+@pytest.mark.parametrize("mode", ["stop", "skip"])
+def test_non_finite_loss_stops_clearly_and_keeps_checkpoints(demo_root, tmp_path, mode):
+    # An absurd LR blows the weights up after the first update: step 2 onwards is non-finite.
+    run_dir = tmp_path / mode
+    proc = run_train(
+        demo(demo_root, run_dir, "stage.iters=10", "stage.lr=1e30", "stage.min_lr=0", "stage.warmup_iters=0",
+             "train.save_interval=1", f"train.on_nan={mode}", "train.max_skips=3"),
+        check=False,
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "non-finite" in proc.stderr and "train.on_nan=skip" in proc.stderr
+    s = summary(run_dir)
+    assert s["status"] == "failed" and "non-finite" in s["error"]
+    latest = ckpt_format.resolve(run_dir / "checkpoints")
+    assert (latest / "meta.json").exists() and (latest / "model_tp0.safetensors").exists()
+    if mode == "skip":
+        assert proc.stdout.count("step skipped") == 3
+    logged = losses(run_dir)
+    assert logged and all(math.isfinite(v) for v in logged.values())
+
+
+def test_demo_default_writes_checkpoint_metrics_and_plot(demo_root, tmp_path):
+    """`infir-train` with the demo defaults (shortened): loss falls, and every promised file is there."""
+    run_dir = tmp_path / "demo"
+    out = run_train([f"data.root={demo_root}", f"run_dir={run_dir}", "logger=none", "stage.iters=30", "train.eval_interval=15"])
+    assert "tok/s" in out.stdout and "ETA" in out.stdout
+    curve = losses(run_dir)
+    assert curve[30] < curve[10] - 0.5
+    assert (run_dir / "loss.png").stat().st_size > 10_000
+    assert (run_dir / "config.yaml").exists()
+    s = summary(run_dir)
+    assert s["status"] == "finished" and s["run_name"] == "tiny-bf16-cpt"
+    assert "val_loss" in s and math.isfinite(s["val_loss"])
+    assert ckpt_format.resolve(run_dir).name == "iter_0000030"
