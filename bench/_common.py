@@ -1,0 +1,66 @@
+"""Shared bench helpers: a header naming device, versions, command and date, and markdown tables."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import sys
+
+import torch
+
+
+def header() -> str:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()})"
+    try:
+        import triton
+
+        triton_v = triton.__version__
+    except ImportError:
+        triton_v = "not installed"
+    lines = [
+        f"- device: {dev}",
+        f"- torch {torch.__version__}, CUDA {torch.version.cuda}, triton {triton_v}, python {platform.python_version()}",
+        f"- command: `python {' '.join(sys.argv)}`",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+    ]
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
+    if not rows:
+        return "(no rows)"
+    columns = columns or list(rows[0])
+    fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    out += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--out", help="also write the report (markdown) to this path")
+    return p
+
+
+def emit(title: str, sections: list[str], out: str | None) -> str:
+    text = "\n\n".join([f"## {title}", header(), *sections]) + "\n"
+    print(text, flush=True)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+    return text
+
+
+def bench_ms(fn, warmup: int = 10, rep: int = 50) -> float:
+    """Median time of fn in milliseconds (CUDA events through triton.testing.do_bench)."""
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """Measured device-to-device copy bandwidth, counting bytes read + written (the HBM ceiling)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / ms / 1e6

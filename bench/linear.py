@@ -1,0 +1,167 @@
+"""FP8 linear fwd+bwd vs bf16 nn.Linear (and torchao's Float8BlockwiseLinear) at Qwen2.5 shapes.
+
+Each FP8 step re-quantizes the weight (one micro-batch per optimizer step, the worst case for
+FP8); --cached-weight keeps it, as gradient accumulation over micro-batches does. Also reports
+the share of the FP8 step spent in quantization kernels, and GEMM-only rates of the blockwise
+scaled_mm path vs the MOSS two-level Triton GEMM.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._common import base_parser, bench_ms, emit, markdown_table  # noqa: E402
+from infir.fp8 import Fp8Linear, fp8_gemm  # noqa: E402
+from infir.fp8 import kernels as kn  # noqa: E402
+from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton  # noqa: E402
+
+# (model, projection, K, N): Qwen2.5 hidden / intermediate sizes, fused QKV and gate-up as megatron runs them
+MODELS = {"1.5B": (1536, 8960, 2048), "7B": (3584, 18944, 4608)}
+RECIPES = ("fp8_blockwise_ue8m0", "fp8_blockwise_fp32", "fp8_tensorwise", "moss")
+
+
+def projections(models):
+    for m in models:
+        h, inter, qkv = MODELS[m]
+        yield from [(m, "qkv", h, qkv), (m, "o", h, h), (m, "gate_up", h, 2 * inter), (m, "down", inter, h)]
+
+
+def fwd_bwd(layer, x, dy, before=None):
+    def step():
+        if before is not None:
+            before()
+        x.grad = None
+        layer.weight.grad = None
+        layer(x).backward(dy)
+    return step
+
+
+def torchao_layer(K, N):
+    try:
+        from torchao.prototype.blockwise_fp8_training.linear import Float8BlockwiseLinear
+    except Exception as e:  # noqa: BLE001 - the peer row is optional
+        return None, f"{type(e).__name__}: {e}"
+    ref = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+    return Float8BlockwiseLinear.from_float(ref), None
+
+
+def quant_ms(M, K, N):
+    """The quantize kernels of one fp8_blockwise step: X (dual), W (+W^T), dY (dual)."""
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    return (bench_ms(lambda: kn.quantize_token_triton(x, rows=True, cols=True))
+            + bench_ms(lambda: kn.quantize_block_triton(w, transpose=True))
+            + bench_ms(lambda: kn.quantize_token_triton(dy, rows=True, cols=True)))
+
+
+def gemm_rates(M, K, N):
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    qx, _ = kn.quantize_token_triton(x)
+    qw, _ = kn.quantize_block_triton(w)
+    qx2 = kn.quantize_two_level_triton(x)
+    qxf = kn.quantize_two_level_triton(x, fold=True)
+    qwt, _ = kn.quantize_tensor_triton(w, "fp32")
+    flop = 2 * M * N * K
+    t_bf16 = bench_ms(lambda: x @ w.t())
+    t_blk = bench_ms(lambda: fp8_gemm(qx, qw, backend="scaled_mm"))
+    t_fold = bench_ms(lambda: fp8_gemm(qxf, qwt, backend="scaled_mm"))
+    t_moss = bench_ms(lambda: fp8_gemm(qx2, qwt, backend="triton"))
+    return {"bf16 TFLOP/s": flop / t_bf16 / 1e9, "blockwise scaled_mm TFLOP/s": flop / t_blk / 1e9,
+            "MOSS folded scaled_mm TFLOP/s": flop / t_fold / 1e9, "MOSS exact triton TFLOP/s": flop / t_moss / 1e9,
+            "MOSS folded / blockwise speed": t_blk / t_fold}
+
+
+def tune_moss(M, K, N):
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    qx2 = kn.quantize_two_level_triton(x)
+    qwt, _ = kn.quantize_tensor_triton(w, "fp32")
+    rows = []
+    for bm, bn, bk, nw, ns in [(128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (128, 128, 64, 4, 4), (128, 128, 128, 4, 4),
+                               (128, 256, 64, 8, 4), (64, 128, 128, 4, 4), (128, 128, 32, 4, 5)]:
+        try:
+            ms = bench_ms(lambda: two_level_gemm_triton(qx2, qwt, block_m=bm, block_n=bn, block_k=bk, num_warps=nw, num_stages=ns))
+            rows.append({"shape": f"{M}x{K}x{N}", "BM,BN,BK,warps,stages": f"{bm},{bn},{bk},{nw},{ns}", "ms": ms,
+                         "TFLOP/s": 2 * M * N * K / ms / 1e9})
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is reported, not fatal
+            rows.append({"shape": f"{M}x{K}x{N}", "BM,BN,BK,warps,stages": f"{bm},{bn},{bk},{nw},{ns}", "ms": str(e)[:60]})
+    return rows
+
+
+def main(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--models", default="1.5B,7B")
+    p.add_argument("--tokens", default="8192,16384")
+    p.add_argument("--recipes", default=",".join(RECIPES))
+    p.add_argument("--cached-weight", action="store_true")
+    p.add_argument("--torchao", default="1.5B:8192",
+                   help="model:tokens pairs that get the torchao peer row ('' for none); its quantize kernels "
+                        "autotune ~45 configs per new shape, so every pair costs about half a minute")
+    p.add_argument("--tune-moss", action="store_true", help="only sweep MOSS GEMM tile configs")
+    args = p.parse_args(argv)
+    models, recipes = args.models.split(","), args.recipes.split(",")
+    tokens = [int(t) for t in args.tokens.split(",")]
+    if args.tune_moss:
+        rows = [r for (m, proj, K, N) in projections(models[:1]) for r in tune_moss(tokens[0], K, N)]
+        emit("MOSS two-level GEMM tile sweep", [markdown_table(rows)], args.out)
+        return
+    rows, gemm_rows, totals = [], [], {}
+    ao_note = None
+    for M in tokens:
+        for model, proj, K, N in projections(models):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+            row = {"model": model, "proj": proj, "M,K,N": f"{M},{K},{N}"}
+            base = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
+            row["bf16 ms"] = bench_ms(fwd_bwd(base, x, dy))
+            for r in recipes:
+                layer = Fp8Linear(K, N, bias=False, recipe=r, device="cuda", dtype=torch.bfloat16)
+                layer.weight.data.copy_(base.weight.data)
+                before = None if args.cached_weight else layer.weight_cache.invalidate
+                row[f"{r} x"] = row["bf16 ms"] / bench_ms(fwd_bwd(layer, x, dy, before))
+            if f"{model}:{M}" in args.torchao.split(","):
+                ao, ao_note = torchao_layer(K, N)
+                if ao is not None:
+                    row["torchao blockwise x"] = row["bf16 ms"] / bench_ms(fwd_bwd(ao, x, dy))
+            q = quant_ms(M, K, N)
+            blk_ms = row["bf16 ms"] / row["fp8_blockwise_ue8m0 x"] if "fp8_blockwise_ue8m0 x" in row else float("nan")
+            row["quant % of blockwise step"] = 100 * q / blk_ms
+            for key in [k for k in row if k.endswith(" x") and "torchao" not in k] + ["bf16 ms"]:
+                ms = row["bf16 ms"] / row[key] if key.endswith(" x") else row[key]
+                totals[key] = totals.get(key, 0.0) + ms
+            totals["quant ms"] = totals.get("quant ms", 0.0) + q
+            rows.append(row)
+            gemm_rows.append({"M,K,N": row["M,K,N"], **gemm_rates(M, K, N)})
+            print(markdown_table([row]).splitlines()[-1], flush=True)
+            del x, dy
+            torch.cuda.empty_cache()
+    summary = [{"recipe": k[:-2], "summed ms": v, "speedup vs bf16 (summed)": totals["bf16 ms"] / v}
+               for k, v in totals.items() if k.endswith(" x") and "torchao" not in k]
+    ao_rows = [r for r in rows if "torchao blockwise x" in r]
+    if ao_rows:  # the peer ran on a subset: compare on that subset only
+        bf, ao = sum(r["bf16 ms"] for r in ao_rows), sum(r["bf16 ms"] / r["torchao blockwise x"] for r in ao_rows)
+        ours = sum(r["bf16 ms"] / r["fp8_blockwise_ue8m0 x"] for r in ao_rows if "fp8_blockwise_ue8m0 x" in r)
+        summary.append({"recipe": f"torchao blockwise ({len(ao_rows)} shapes)", "summed ms": ao, "speedup vs bf16 (summed)": bf / ao})
+        summary.append({"recipe": f"fp8_blockwise_ue8m0 on the same {len(ao_rows)} shapes", "summed ms": ours,
+                        "speedup vs bf16 (summed)": bf / ours if ours else float("nan")})
+    summary.append({"recipe": "bf16 nn.Linear", "summed ms": totals["bf16 ms"], "speedup vs bf16 (summed)": 1.0})
+    q_share = 100 * totals["quant ms"] / totals.get("fp8_blockwise_ue8m0 x", float("nan"))
+    sections = [
+        f"weight re-quantized every step: {not args.cached_weight}",
+        "### fwd+bwd speedup over bf16 nn.Linear (x = bf16 ms / recipe ms)", markdown_table(rows),
+        "### summed over the shapes", markdown_table(summary),
+        f"quantization kernels: {q_share:.1f}% of the fp8_blockwise_ue8m0 step (summed)",
+        "### GEMM only (fprop shape)", markdown_table(gemm_rows),
+    ]
+    if ao_note:
+        sections.append(f"torchao row skipped: {ao_note}")
+    emit("FP8 linear fwd+bwd", sections, args.out)
+
+
+if __name__ == "__main__":
+    main()

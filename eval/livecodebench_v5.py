@@ -1,0 +1,41 @@
+"""LiveCodeBench v5, problems dated 2024-08-01 to 2025-02-01 (the window InfiR2 reports).
+
+HF dataset `livecodebench/code_generation_lite`, read as its raw files test.jsonl .. test5.jsonl
+(release_v5 is the union of v1..v5 files; split train when read by file). Fields: question_id,
+question_content, starter_code, contest_date, public_test_cases (JSON), private_test_cases (JSON or
+base64(zlib(pickle(JSON)))), metadata (JSON with func_name for LeetCode-style problems).
+Reference sampling (DESIGN.md): 8 samples, up to 27,000 new tokens."""
+import json
+from pathlib import Path
+
+from infir.eval.benchmarks import Benchmark, Problem, Sampling
+from infir.eval.code_tests import CodeTask, decode_lcb_tests
+from infir.eval.prompts import code_prompt
+
+DATE_FROM, DATE_TO = "2024-08-01", "2025-02-01"
+
+
+def in_window(record: dict) -> bool:
+    return DATE_FROM <= str(record["contest_date"])[:10] < DATE_TO
+
+
+def to_problem(record: dict, seed: int) -> Problem:
+    tests = decode_lcb_tests(record["public_test_cases"]) + decode_lcb_tests(record["private_test_cases"])
+    metadata = json.loads(record.get("metadata") or "{}")
+    starter = record.get("starter_code") or ""
+    style = "functional" if starter.strip() else "stdin"
+    task = CodeTask(tests=tuple(tests), style=style, func_name=metadata.get("func_name"))
+    return Problem(id=record["question_id"], prompt=code_prompt(record["question_content"], starter), code_task=task)
+
+
+BENCHMARK = Benchmark(
+    name="livecodebench_v5",
+    grader="code",
+    hf_id="livecodebench/code_generation_lite",
+    hf_data_files=("test.jsonl", "test2.jsonl", "test3.jsonl", "test4.jsonl", "test5.jsonl"),
+    split="train",
+    keep=in_window,
+    to_problem=to_problem,
+    sample_file=Path(__file__).parent / "samples" / "livecodebench_v5.jsonl",
+    sampling=Sampling(n=8, temperature=0.65, top_p=0.95, max_new_tokens=27_000),
+)

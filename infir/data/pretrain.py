@@ -1,0 +1,131 @@
+"""Pretraining datasets through megatron-core's own GPTDataset / BlendedMegatronDatasetBuilder.
+
+``build_pretrain_datasets`` hides megatron's config objects: give it one prefix, a list of
+prefixes, ``[(weight, prefix), ...]`` or megatron's ``([prefixes], [weights])``, and get back
+``(train, valid)`` datasets whose items are ``{"tokens", "labels", "loss_mask", "position_ids"}``
+(int64 / float32 tensors of length ``seq_length``). Documents are packed back to back, separated by
+EOD, with no attention reset (megatron's default for pretraining).
+
+CPU note: megatron's sample-index builder is a C++ extension (``helpers_cpp``); the megatron-core
+wheel ships it prebuilt, so nothing compiles at run time (``tests/data/test_pretrain.py`` imports
+it). Index caches go to ``cache_dir`` (default: ``<prefix dir>/cache``, megatron's choice); under
+torch.distributed megatron builds them on rank 0 first and the other ranks read them.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from pathlib import Path
+from typing import Sequence, Union
+
+from infir.data.tokenizer import MegatronTokenizerAdapter, TextTokenizer, load_tokenizer
+
+Blend = Union[str, Path, Sequence[str], Sequence[tuple[float, str]], tuple[list[str], list[float] | None]]
+
+
+def normalize_blend(blend: Blend) -> tuple[list[str], list[float] | None]:
+    """Any accepted blend spelling -> megatron's ``([prefixes], [weights] or None)``."""
+    if isinstance(blend, (str, Path)):
+        return [str(blend)], None
+    if isinstance(blend, tuple) and len(blend) == 2 and isinstance(blend[0], list) \
+            and (blend[1] is None or isinstance(blend[1], list)):
+        prefixes, weights = [str(p) for p in blend[0]], blend[1]
+    elif all(isinstance(b, (str, Path)) for b in blend):
+        prefixes, weights = [str(p) for p in blend], None
+    elif all(isinstance(b, (tuple, list)) and len(b) == 2 for b in blend):
+        weights, prefixes = [float(w) for w, _ in blend], [str(p) for _, p in blend]
+    else:
+        raise TypeError(f"cannot read blend {blend!r}: give a prefix, a list of prefixes, "
+                        "[(weight, prefix), ...] or ([prefixes], [weights])")
+    if weights is not None:
+        if len(weights) != len(prefixes):
+            raise ValueError(f"blend has {len(prefixes)} prefixes but {len(weights)} weights")
+        if any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"blend weights must be >= 0 with a positive sum, got {weights}")
+    for p in prefixes:
+        if not (Path(p + ".bin").is_file() and Path(p + ".idx").is_file()):
+            raise FileNotFoundError(f"no indexed dataset at prefix {p} ({p}.bin / {p}.idx missing): "
+                                    "build it with `infir-prep pretrain --output PREFIX ...`")
+    return prefixes, weights
+
+
+def _gpt_config(seq_length: int, tok: TextTokenizer, seed: int, cache_dir, **blend_kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    return GPTDatasetConfig(
+        random_seed=seed,
+        sequence_length=seq_length,
+        tokenizer=MegatronTokenizerAdapter(tok),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,  # the loop builds causal masks itself (SDPA is_causal)
+        path_to_cache=str(cache_dir) if cache_dir is not None else None,
+        **blend_kwargs,
+    )
+
+
+def build_pretrain_datasets(
+    blend: Blend,
+    seq_length: int,
+    tokenizer: TextTokenizer | str | Path,
+    *,
+    train_samples: int | None = None,
+    valid_samples: int | None = None,
+    split: str = "99,1,0",
+    valid_blend: Blend | None = None,
+    seed: int = 1234,
+    cache_dir: str | Path | None = None,
+):
+    """Return ``(train_ds, valid_ds)`` megatron datasets (valid_ds may be None).
+
+    Validation comes from ``valid_blend`` when given (e.g. the demo's ``pretrain_valid`` prefix),
+    else from the ``split`` share of each prefix's documents. ``*_samples`` fix how many
+    sequences each split draws (needed with weights: megatron then repeats epochs as required);
+    None means one epoch.
+    """
+    if seq_length < 1:
+        raise ValueError(f"seq_length must be >= 1, got {seq_length}")
+    tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
+    train_blend = normalize_blend(blend)
+    if valid_blend is not None:
+        blend_kwargs = {"blend_per_split": [train_blend, normalize_blend(valid_blend), None]}
+        needs_size = [train_blend[1] is not None, normalize_blend(valid_blend)[1] is not None]
+    else:
+        blend_kwargs = {"blend": train_blend, "split": split}
+        needs_size = [train_blend[1] is not None] * 2
+    for name, n, need in (("train_samples", train_samples, needs_size[0]), ("valid_samples", valid_samples, needs_size[1])):
+        if need and n is None:
+            raise ValueError(f"a weighted blend needs {name}: megatron draws that many sequences by weight")
+    config = _gpt_config(seq_length, tok, seed, cache_dir, **blend_kwargs)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+        from megatron.core.datasets.gpt_dataset import GPTDataset
+    # megatron logs every index it builds at INFO; the loop's own logging says what matters.
+    logging.getLogger("megatron.core.datasets").setLevel(logging.WARNING)
+    # The test split is unused; megatron wants a size (0) for it whenever the blend is weighted.
+    sizes = [train_samples, valid_samples, 0 if train_blend[1] is not None else None]
+    with _process_group_for_megatron():
+        train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+    return train, valid
+
+
+@contextlib.contextmanager
+def _process_group_for_megatron():
+    """megatron-core 0.16's BlendedDataset calls ``torch.distributed.get_rank()`` when it caches
+    its index, which fails in a plain single-process run (CPU tests, the demo). There we open a
+    one-rank gloo group for the duration of the build; under torchrun the real group is used."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,214 @@
+"""SFT data: chat jsonl -> tokenized samples with loss masks on disk -> packed training sequences.
+
+On disk (``infir-prep sft --output PREFIX``), two megatron indexed datasets with one sequence per
+sample: ``PREFIX.bin/.idx`` (token ids) and ``PREFIX.lossmask.bin/.idx`` (uint8, 1 on assistant
+tokens), plus ``PREFIX.stats.json``. Samples are stored unpacked; ``build_sft_dataset(PREFIX, S)``
+packs them for context ``S`` when it loads (best-fit decreasing, deterministic, cheap), so one
+prepared set serves any context length.
+
+A sample of ``L`` tokens takes ``L - 1`` positions of a packed row (inputs ``t[:-1]``, labels
+``t[1:]``), so a row's samples never predict across a boundary. Each row carries ``segment_ids``
+(sample k of the row has id k; the padding tail gets its own id) and ``position_ids`` restarting at
+0 per sample: ``packed_attention_mask`` / ``cu_seqlens`` turn them into the block-diagonal causal
+mask (SDPA) or the varlen boundaries (flash-attn / TE THD), the equivalent of megatron's
+packed-sequence params.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from infir.data.chat import BadSample, ChatFormatter, to_messages
+from infir.data.sources import iter_rows, plan_shards
+from infir.data.tokenize_corpus import _atomic_write_json, megatron_indexed, token_dtype
+
+OVERLONG_POLICIES = ("drop", "truncate")
+
+
+def mask_prefix(prefix: str | Path) -> str:
+    return f"{prefix}.lossmask"
+
+
+def prepare_sft(
+    input_path: Path | str,
+    output_prefix: Path | str,
+    tokenizer_dir: Path | str,
+    seq_length: int,
+    overlong: str = "drop",
+    progress: bool = True,
+) -> dict:
+    """Tokenize a chat jsonl into PREFIX (tokens) + PREFIX.lossmask; returns the stats."""
+    if overlong not in OVERLONG_POLICIES:
+        raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {overlong!r}")
+    if seq_length < 2:
+        raise ValueError(f"seq_length must be >= 2, got {seq_length}")
+    input_path = Path(input_path)
+    if not input_path.exists():
+        raise FileNotFoundError(f"input {input_path} does not exist")
+    fmt = ChatFormatter(tokenizer_dir)
+    output_prefix = str(output_prefix)
+    Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
+    idx = megatron_indexed()
+    dtype = token_dtype(fmt.tok.vocab_size)
+    tokens_out = idx.IndexedDatasetBuilder(output_prefix + ".bin", dtype=dtype)
+    masks_out = idx.IndexedDatasetBuilder(mask_prefix(output_prefix) + ".bin", dtype=np.uint8)
+
+    counts = Counter()
+    skipped: Counter = Counter()
+    skipped_lines = []
+    shards = plan_shards(input_path, target_bytes=1 << 62)
+    bar = tqdm(unit=" samples", disable=not progress, desc=f"sft -> {Path(output_prefix).name}", file=sys.stderr)
+    for shard in shards:
+        for line, row, reason in iter_rows(shard):
+            bar.update()
+            if reason is None:
+                try:
+                    ids, mask = fmt.encode(to_messages(row))
+                    if len(ids) - 1 > seq_length:
+                        if overlong == "drop":
+                            raise BadSample(f"longer than seq_length ({len(ids)} tokens > {seq_length + 1})")
+                        ids, mask = ids[:seq_length + 1], mask[:seq_length + 1]
+                        counts["truncated"] += 1
+                    if not any(mask[1:]):
+                        raise BadSample("no assistant token within seq_length")
+                except BadSample as err:
+                    reason = str(err)
+            if reason is not None:
+                skipped[reason.split(" (")[0]] += 1
+                skipped_lines.append({"file": str(input_path), "line": line, "reason": reason})
+                continue
+            tokens_out.add_document(np.asarray(ids, dtype=dtype), [len(ids)])
+            masks_out.add_document(np.asarray(mask, dtype=np.uint8), [len(mask)])
+            counts["samples"] += 1
+            counts["tokens"] += len(ids)
+            counts["loss_tokens"] += sum(mask)
+    bar.close()
+    tokens_out.finalize(output_prefix + ".idx")
+    masks_out.finalize(mask_prefix(output_prefix) + ".idx")
+    stats = {
+        "output": output_prefix, "seq_length": seq_length, "overlong": overlong,
+        "samples": counts["samples"], "tokens": counts["tokens"], "loss_tokens": counts["loss_tokens"],
+        "truncated": counts["truncated"], "skipped": dict(skipped),
+        "skipped_examples": [f"{e['file']}:{e['line']}: {e['reason']}" for e in skipped_lines[:50]],
+        "chat_template": "fallback ChatML" if fmt.uses_fallback_template else "tokenizer's own",
+        "tokenizer": fmt.tok.fingerprint,
+        "pad_id": fmt.tok.eod,  # fills the tail of packed rows (masked out of the loss)
+    }
+    with open(output_prefix + ".skipped.jsonl", "w") as f:
+        for e in skipped_lines:
+            f.write(json.dumps(e) + "\n")
+    _atomic_write_json(Path(output_prefix + ".stats.json"), stats)
+    return stats
+
+
+def pack_best_fit(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Bins of sample indices with ``sum(lengths[bin]) <= capacity`` (best-fit decreasing).
+
+    Deterministic: ties in length keep index order. Every length must be <= capacity.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    bins: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (remaining capacity, bin id), sorted
+    for i in order:
+        n = int(lengths[i])
+        if n > capacity:
+            raise ValueError(f"sample {i} needs {n} positions, more than the capacity {capacity}")
+        j = bisect.bisect_left(free, (n, -1))
+        if j < len(free):
+            rem, b = free.pop(j)
+        else:
+            rem, b = capacity, len(bins)
+            bins.append([])
+        bins[b].append(i)
+        if rem - n > 0:
+            bisect.insort(free, (rem - n, b))
+    return bins
+
+
+class PackedSFTDataset(torch.utils.data.Dataset):
+    """Packed SFT rows: ``tokens, labels, position_ids, segment_ids`` (int64) and ``loss_mask``
+    (float32), each of length ``seq_length``."""
+
+    def __init__(self, prefix: str | Path, seq_length: int, seed: int = 1234):
+        prefix = str(prefix)
+        for p in (prefix, mask_prefix(prefix)):
+            if not (Path(p + ".bin").is_file() and Path(p + ".idx").is_file()):
+                raise FileNotFoundError(f"no SFT dataset at {prefix} ({p}.bin/.idx missing): "
+                                        "build it with `infir-prep sft --output PREFIX ...`")
+        idx = megatron_indexed()
+        self.tokens = idx.IndexedDataset(prefix)
+        self.masks = idx.IndexedDataset(mask_prefix(prefix))
+        if len(self.tokens) != len(self.masks):
+            raise ValueError(f"{prefix}: {len(self.tokens)} token sequences but {len(self.masks)} loss masks")
+        stats_path = Path(prefix + ".stats.json")
+        self.pad_id = int(json.loads(stats_path.read_text()).get("pad_id", 0)) if stats_path.is_file() else 0
+        self.seq_length = seq_length
+        positions = self.tokens.sequence_lengths.astype(np.int64) - 1
+        keep = np.nonzero(positions <= seq_length)[0]
+        self.dropped_overlong = int(len(positions) - len(keep))
+        bins = pack_best_fit(positions[keep], seq_length)
+        # Rows come out of best-fit grouped by size; shuffle them so any prefix of the epoch is
+        # representative (the loop may still shuffle again).
+        random.Random(seed).shuffle(bins)
+        self.rows = [[int(keep[i]) for i in b] for b in bins]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        S = self.seq_length
+        tokens = np.full(S, self.pad_id, dtype=np.int64)
+        labels = np.full(S, self.pad_id, dtype=np.int64)
+        loss_mask = np.zeros(S, dtype=np.float32)
+        position_ids = np.zeros(S, dtype=np.int64)
+        segment_ids = np.zeros(S, dtype=np.int64)
+        at = 0
+        for k, sample in enumerate(self.rows[i]):
+            t = self.tokens[sample].astype(np.int64)
+            m = self.masks[sample]
+            n = len(t) - 1
+            tokens[at:at + n] = t[:-1]
+            labels[at:at + n] = t[1:]
+            loss_mask[at:at + n] = m[1:]
+            position_ids[at:at + n] = np.arange(n)
+            segment_ids[at:at + n] = k
+            at += n
+        # The padding tail is one more segment: it attends only to itself and carries no loss.
+        position_ids[at:] = np.arange(S - at)
+        segment_ids[at:] = len(self.rows[i])
+        return {
+            "tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
+            "loss_mask": torch.from_numpy(loss_mask), "position_ids": torch.from_numpy(position_ids),
+            "segment_ids": torch.from_numpy(segment_ids),
+        }
+
+
+def build_sft_dataset(prefix: str | Path, seq_length: int, seed: int = 1234) -> PackedSFTDataset:
+    return PackedSFTDataset(prefix, seq_length, seed=seed)
+
+
+def packed_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean ``[..., S, S]`` mask, True where query i may attend key j: same segment and j <= i
+    (SDPA's ``attn_mask`` convention)."""
+    same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
+    S = segment_ids.shape[-1]
+    causal = torch.ones(S, S, dtype=torch.bool, device=segment_ids.device).tril()
+    return same & causal
+
+
+def cu_seqlens(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Cumulative segment boundaries of one row, int32 ``[num_segments + 1]`` (varlen kernels)."""
+    if segment_ids.dim() != 1:
+        raise ValueError("cu_seqlens takes one row: segment_ids of shape [S]")
+    change = torch.nonzero(segment_ids[1:] != segment_ids[:-1]).flatten() + 1
+    zero = torch.zeros(1, dtype=change.dtype, device=segment_ids.device)
+    end = torch.full((1,), segment_ids.numel(), dtype=change.dtype, device=segment_ids.device)
+    return torch.cat([zero, change, end]).to(torch.int32)

@@ -1,0 +1,259 @@
+"""Tokenize documents into a megatron indexed dataset (PREFIX.bin / PREFIX.idx), in resumable shards.
+
+Layout while running: ``PREFIX.shards/`` holds one ``<id>.bin/.idx`` per finished shard plus its
+``<id>.stats.json``, written last (atomic rename), so a shard counts as done only once its data is
+complete. A rerun of the same command skips done shards; a worker that fails leaves the others'
+work on disk and the error names the shard. When all shards are done they are concatenated with
+megatron's ``IndexedDatasetBuilder.add_index`` (so megatron's own reader loads the result),
+``PREFIX.stats.json`` is written and the shard folder is removed.
+
+Each document is its token ids followed by the EOD token (``<|endoftext|>``), stored as one
+sequence and one document, as megatron's preprocess_data.py does with ``--append-eod``.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+import traceback
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from infir.data.sources import Shard, iter_texts, plan_shards
+from infir.data.tokenizer import TextTokenizer, load_tokenizer
+
+BATCH_DOCS = 256
+MAX_EXAMPLES_PER_REASON = 20
+
+
+def megatron_indexed():
+    """megatron's indexed_dataset module, imported without its TE/apex fallback warnings (they
+    concern training kernels, not data files)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def token_dtype(vocab_size: int) -> type:
+    return megatron_indexed().DType.optimal_dtype(vocab_size)
+
+
+def _atomic_write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class ShardFailed(RuntimeError):
+    pass
+
+
+def tokenize_shard(shard: Shard, out_prefix: str, tok: TextTokenizer, text_key: str) -> dict:
+    """Write one shard's documents to ``out_prefix.bin/.idx``; return its stats."""
+    dtype = token_dtype(tok.vocab_size)
+    builder = megatron_indexed().IndexedDatasetBuilder(out_prefix + ".bin", dtype=dtype)
+    stats = {"documents": 0, "tokens": 0, "skipped": Counter(), "skipped_lines": []}
+    batch: list[str] = []
+
+    def flush():
+        for ids in tok.encode_batch(batch):
+            ids.append(tok.eod)
+            builder.add_document(np.asarray(ids, dtype=dtype), [len(ids)])
+            stats["tokens"] += len(ids)
+        stats["documents"] += len(batch)
+        batch.clear()
+
+    for rec in iter_texts(shard, text_key):
+        if rec.skip is not None:
+            stats["skipped"][rec.skip.split(" (")[0]] += 1
+            stats["skipped_lines"].append({"file": shard.path, "line": rec.line, "reason": rec.skip})
+            continue
+        batch.append(rec.value)
+        if len(batch) >= BATCH_DOCS:
+            flush()
+    if batch:
+        flush()
+    builder.finalize(out_prefix + ".idx")
+    stats["skipped"] = dict(stats["skipped"])
+    return stats
+
+
+# Worker state, set once per process by the pool initializer (the tokenizer is loaded there, not
+# pickled across).
+_WORKER: dict = {}
+
+
+def _init_worker(tokenizer_dir: str, text_key: str) -> None:
+    _WORKER["tok"] = load_tokenizer(tokenizer_dir)
+    _WORKER["text_key"] = text_key
+
+
+def _run_shard(job: tuple[str, Shard, str]) -> tuple[str, dict | None, str | None]:
+    shard_id, shard, out_prefix = job
+    try:
+        stats = tokenize_shard(shard, out_prefix, _WORKER["tok"], _WORKER["text_key"])
+        stats["shard"] = asdict(shard)
+        _atomic_write_json(Path(out_prefix + ".stats.json"), stats)
+        return shard_id, stats, None
+    except Exception:  # reported by the parent with the shard's name; other shards keep going
+        return shard_id, None, traceback.format_exc()
+
+
+def _fingerprint(inputs: Sequence[Path], tok: TextTokenizer, text_key: str) -> dict:
+    files = []
+    for p in inputs:
+        st = p.stat()
+        files.append({"path": str(p.resolve()), "size": st.st_size, "mtime": int(st.st_mtime)})
+    return {"inputs": files, "tokenizer": tok.fingerprint, "text_key": text_key}
+
+
+def tokenize_to_indexed(
+    inputs: Sequence[Path | str],
+    output_prefix: Path | str,
+    tokenizer_dir: Path | str,
+    text_key: str = "text",
+    workers: int = 1,
+    shard_bytes: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Tokenize ``inputs`` into ``output_prefix.bin/.idx``; returns (and writes) the stats."""
+    inputs = [Path(p) for p in inputs]
+    if not inputs:
+        raise ValueError("no input files given")
+    for p in inputs:
+        if not p.exists():
+            raise FileNotFoundError(f"input {p} does not exist")
+    tok = load_tokenizer(tokenizer_dir)  # fail here, before any work, on a bad tokenizer
+    megatron_indexed()  # imported once here, so forked workers inherit it instead of re-importing
+    output_prefix = str(output_prefix)
+    Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
+    fingerprint = _fingerprint(inputs, tok, text_key)
+    stats_path = Path(output_prefix + ".stats.json")
+    if stats_path.is_file() and Path(output_prefix + ".idx").is_file() and Path(output_prefix + ".bin").is_file():
+        done = json.loads(stats_path.read_text())
+        if done.get("fingerprint") == fingerprint:
+            return done
+
+    shard_dir = Path(output_prefix + ".shards")
+    shard_dir.mkdir(exist_ok=True)
+    _check_shard_dir(shard_dir, fingerprint)
+
+    workers = max(1, int(workers))
+    if shard_bytes is None:
+        total = sum(p.stat().st_size for p in inputs if p.is_file())
+        shard_bytes = min(256 << 20, max(1 << 20, total // (4 * workers) + 1))
+    jobs = []
+    for i, p in enumerate(inputs):
+        for k, shard in enumerate(plan_shards(p, shard_bytes)):
+            sid = f"{i:04d}-{k:05d}"
+            jobs.append((sid, shard, str(shard_dir / sid)))
+
+    results: dict[str, dict] = {}
+    todo = []
+    for sid, shard, prefix in jobs:
+        done_stats = Path(prefix + ".stats.json")
+        if done_stats.is_file():
+            results[sid] = json.loads(done_stats.read_text())
+        else:
+            todo.append((sid, shard, prefix))
+
+    failures = []
+    start = time.time()
+    shard_of = {sid: shard for sid, shard, _ in jobs}
+    bar = tqdm(total=sum(s.size for s in shard_of.values()),
+               initial=sum(shard_of[sid].size for sid in results),
+               unit="B" if all(s.kind.startswith("jsonl") for s in shard_of.values()) else "row", unit_scale=True,
+               desc=f"tokenize -> {Path(output_prefix).name}", disable=not progress, file=sys.stderr)
+
+    def collect(sid, stats, err):
+        bar.update(shard_of[sid].size)
+        if err is not None:
+            failures.append((sid, err))
+        else:
+            results[sid] = stats
+            bar.set_postfix(tokens=f"{sum(r['tokens'] for r in results.values()):.3g}")
+
+    if todo:
+        if workers == 1 or len(todo) == 1:
+            _init_worker(str(tokenizer_dir), text_key)
+            for job in todo:
+                collect(*_run_shard(job))
+        else:
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process = one core
+            ctx = mp.get_context("fork")
+            with ctx.Pool(min(workers, len(todo)), initializer=_init_worker,
+                          initargs=(str(tokenizer_dir), text_key)) as pool:
+                for out in pool.imap_unordered(_run_shard, todo):
+                    collect(*out)
+    bar.close()
+    if failures:
+        msgs = "\n".join(f"--- shard {sid} ({shard_of[sid].path}):\n{err}" for sid, err in failures)
+        raise ShardFailed(
+            f"{len(failures)} of {len(jobs)} shards failed; the {len(results)} finished ones are kept in "
+            f"{shard_dir} and a rerun of the same command resumes from them.\n{msgs}")
+
+    stats = _merge(jobs, results, output_prefix, tok)
+    stats.update(fingerprint=fingerprint, seconds=round(time.time() - start, 2), workers=workers,
+                 backend=tok.backend)
+    _atomic_write_json(stats_path, stats)
+    shutil.rmtree(shard_dir)
+    return stats
+
+
+def _check_shard_dir(shard_dir: Path, fingerprint: dict) -> None:
+    marker = shard_dir / "fingerprint.json"
+    if marker.is_file():
+        if json.loads(marker.read_text()) != fingerprint:
+            raise RuntimeError(
+                f"{shard_dir} holds shards from a run with other inputs or another tokenizer; "
+                "delete that folder (or pick another --output) to start over")
+    else:
+        _atomic_write_json(marker, fingerprint)
+
+
+def _merge(jobs, results: dict[str, dict], output_prefix: str, tok: TextTokenizer) -> dict:
+    builder = megatron_indexed().IndexedDatasetBuilder(output_prefix + ".bin", dtype=token_dtype(tok.vocab_size))
+    skipped: Counter = Counter()
+    skipped_lines = []
+    # add_index runs gc.collect() per shard, a full heap walk (~1 s with torch imported); freezing
+    # the objects that exist now leaves it only the merge's own garbage to look at.
+    gc.freeze()
+    try:
+        for sid, _, prefix in jobs:
+            builder.add_index(prefix)
+            skipped.update(results[sid]["skipped"])
+            skipped_lines.extend(results[sid]["skipped_lines"])
+    finally:
+        gc.unfreeze()
+    builder.finalize(output_prefix + ".idx")
+    with open(output_prefix + ".skipped.jsonl", "w") as f:
+        for entry in skipped_lines:
+            f.write(json.dumps(entry) + "\n")
+    examples: dict[str, list[str]] = {}
+    for entry in skipped_lines:
+        reason = entry["reason"].split(" (")[0]
+        bucket = examples.setdefault(reason, [])
+        if len(bucket) < MAX_EXAMPLES_PER_REASON:
+            bucket.append(f"{entry['file']}:{entry['line']}: {entry['reason']}")
+    return {
+        "output": output_prefix,
+        "documents": sum(r["documents"] for r in results.values()),
+        "tokens": sum(r["tokens"] for r in results.values()),
+        "skipped": dict(skipped),
+        "skipped_examples": examples,
+        "skipped_log": output_prefix + ".skipped.jsonl",
+        "shards": len(jobs),
+        "dtype": np.dtype(token_dtype(tok.vocab_size)).name,
+    }

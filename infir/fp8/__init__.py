@@ -1,0 +1,11 @@
+"""infir.fp8: FP8 numerics for training (pure PyTorch + Triton, no megatron import)."""
+from .autoscale import AutoScaler
+from .gemm import fp8_gemm
+from .linear import Fp8Linear, Fp8LinearFunction, WeightCache, linear
+from .quantize import QTensor, dequantize, quant_stats, quantization_snr_db, quantize
+from .recipe import RECIPES, Recipe, get_recipe
+
+__all__ = [
+    "AutoScaler", "Fp8Linear", "Fp8LinearFunction", "QTensor", "RECIPES", "Recipe", "WeightCache",
+    "dequantize", "fp8_gemm", "get_recipe", "linear", "quant_stats", "quantization_snr_db", "quantize",
+]

@@ -1,0 +1,141 @@
+"""One FP8 GEMM entry point, C = A @ B^T for QTensors A [M, K] and B [N, K] (K last in both).
+
+Every FP8 product of the linear layer has this "NT" form (fprop X W^T, dgrad dY (W^T)^T, wgrad
+dY^T (X^T)^T), which is the only layout Hopper's FP8 tensor cores take. Backends:
+- "scaled_mm": torch.nn.functional.scaled_mm (cuBLAS/CUTLASS), sm90. Pairs: (token, block) and
+  (token, token) as BlockWise1x128 x BlockWise128x128 / BlockWise1x128, and (tensor, tensor).
+  Layout rules (checked on an H100 with torch 2.11): 1x128 scales outer-dim-major (M, K/128)
+  with stride (1, M); 128x128 scales passed as the transpose of (N/128, K/128) with the K-block
+  count padded to a multiple of 4.
+  (row, tensor) and (row, row) as RowWise: the MOSS operands after fold_two_level().
+- "triton": the exact MOSS two-level GEMM in kernels/gemm_two_level.py (per-32 scales applied to
+  the FP32 accumulator in the main loop; slower, kept as the exact twin of the fold).
+- "emulated": dequantize both operands and matmul in float32, any device (the tests' twin).
+- "auto": scaled_mm or triton on an sm90 GPU where the shapes fit, emulated elsewhere.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .quantize import QTensor, dequantize
+
+BACKENDS = ("auto", "scaled_mm", "triton", "emulated")
+_SCALED_MM_PAIRS = {("token", "block"), ("token", "token"), ("tensor", "tensor"), ("row", "tensor"), ("row", "row")}
+# cuBLAS row-wise scaling may only write bf16; found out on first use (None = not tried yet)
+_ROWWISE_FP32_OUT: bool | None = None
+
+
+def emulated_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return (dequantize(a) @ dequantize(b).t()).to(out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def _is_sm90(t: torch.Tensor) -> bool:
+    return t.is_cuda and _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) == (9, 0)
+
+
+def scaled_mm_fits(a: QTensor, b: QTensor) -> bool:
+    """Shapes and granularities the scaled_mm backend takes (else auto falls back)."""
+    if (a.granularity, b.granularity) not in _SCALED_MM_PAIRS or a.data.dim() != 2 or b.data.dim() != 2:
+        return False
+    k = a.data.shape[1]
+    if a.granularity in ("tensor", "row"):
+        return k % 16 == 0 and b.data.shape[0] % 16 == 0
+    return k % 128 == 0 and b.data.shape[0] % 128 == 0 and a.data.shape[0] % 16 == 0
+
+
+def _outer_dim_major(s: torch.Tensor) -> torch.Tensor:
+    """(rows, blocks) scales with stride (1, rows); the Triton kernels already write them so."""
+    return s if s.stride(0) == 1 else s.t().contiguous().t()
+
+
+def _pad_cols(s: torch.Tensor, multiple: int) -> torch.Tensor:
+    pad = (-s.shape[1]) % multiple
+    return s if pad == 0 else torch.cat([s, s.new_ones(s.shape[0], pad)], dim=1)
+
+
+def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    if not scaled_mm_fits(a, b):
+        raise ValueError(
+            f"scaled_mm backend cannot take ({a.granularity}, {b.granularity}) operands of shapes "
+            f"{tuple(a.data.shape)} x {tuple(b.data.shape)}: it needs (token, block|token) or (tensor, tensor) "
+            "with K and N multiples of 128 (16 for tensor); use backend='emulated' or 'auto'"
+        )
+    if a.granularity == "row":
+        return _rowwise_gemm(a, b, out_dtype)
+    mat_b = b.data.t()  # [K, N] column-major: the bytes of b as stored
+    if a.granularity == "tensor":
+        sa, sb = a.scale.reshape(1), b.scale.reshape(1)
+    else:
+        sa = _outer_dim_major(a.scale)
+        sb = b.layout_cache.get("scaled_mm")
+        if sb is None:  # computed once per weight QTensor, reused by every micro-batch
+            sb = _pad_cols(b.scale, 4).t() if b.granularity == "block" else _outer_dim_major(b.scale)
+            b.layout_cache["scaled_mm"] = sb
+    if hasattr(F, "scaled_mm"):
+        st = F.ScalingType
+        if a.granularity == "tensor":
+            ra = rb = st.TensorWise
+        else:
+            ra, rb = st.BlockWise1x128, (st.BlockWise128x128 if b.granularity == "block" else st.BlockWise1x128)
+        sw = F.SwizzleType.NO_SWIZZLE
+        return F.scaled_mm(a.data, mat_b, sa, ra, sb, rb, swizzle_a=sw, swizzle_b=sw, output_dtype=out_dtype)
+    # torch < 2.10: the private op infers the recipe from the scale shapes
+    return torch._scaled_mm(a.data, mat_b, sa, sb, out_dtype=out_dtype)
+
+
+def _rowwise_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype) -> torch.Tensor:
+    global _ROWWISE_FP32_OUT
+    n = b.data.shape[0]
+    sa = a.scale.reshape(-1, 1).contiguous()
+    sb = b.scale.reshape(1, -1).expand(1, n).contiguous()
+    if hasattr(F, "scaled_mm"):
+        rw = F.ScalingType.RowWise
+        sw = F.SwizzleType.NO_SWIZZLE
+        call = lambda dt: F.scaled_mm(a.data, b.data.t(), sa, rw, sb, rw, swizzle_a=sw, swizzle_b=sw, output_dtype=dt)
+    else:
+        call = lambda dt: torch._scaled_mm(a.data, b.data.t(), sa, sb, out_dtype=dt)
+    if out_dtype != torch.float32 or _ROWWISE_FP32_OUT:
+        return call(out_dtype)
+    if _ROWWISE_FP32_OUT is None:
+        try:
+            out = call(torch.float32)
+            _ROWWISE_FP32_OUT = True
+            return out
+        except RuntimeError:
+            _ROWWISE_FP32_OUT = False
+    return call(torch.bfloat16).float()
+
+
+def resolve_backend(a: QTensor, b: QTensor, backend: str = "auto") -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown GEMM backend {backend!r}; use one of {list(BACKENDS)}")
+    if backend != "auto":
+        return backend
+    if _is_sm90(a.data):
+        if a.granularity == "two_level":
+            return "triton"  # exact two-level; the fast MOSS path folds first (granularity "row")
+        if scaled_mm_fits(a, b):
+            return "scaled_mm"
+    return "emulated"
+
+
+def fp8_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:
+    """C [M, N] = A [M, K] @ B [N, K]^T in out_dtype, accumulated in float32."""
+    if a.data.shape[-1] != b.data.shape[-1]:
+        raise ValueError(f"fp8_gemm: K mismatch, a is {tuple(a.data.shape)} and b is {tuple(b.data.shape)} (both K-last)")
+    backend = resolve_backend(a, b, backend)
+    if backend == "emulated":
+        return emulated_gemm(a, b, out_dtype)
+    if backend == "scaled_mm":
+        return scaled_mm_gemm(a, b, out_dtype)
+    from .kernels.gemm_two_level import two_level_gemm_triton
+
+    return two_level_gemm_triton(a, b, out_dtype)

@@ -1,0 +1,186 @@
+"""FP8 linear layer: Y = X W^T with fprop, dgrad and wgrad all as FP8 GEMMs.
+
+Each operand is quantized along the dimension its GEMM contracts (recipe.py says how):
+    fprop  Y  = X  W^T      X  along K      W   per recipe.weight
+    dgrad  dX = dY W        dY along N      W^T = the *same* blocks as W (QTensor.t())
+    wgrad  dW = dY^T X      dY^T, X^T along the tokens, result in float32
+X is quantized once in fprop into both layouts (one kernel reads it once) and only X^T is kept
+for backward, in FP8. The weight is quantized once per optimizer step by a WeightCache and reused
+by every micro-batch and by dgrad. Where the weight has a float32 `main_grad` (megatron's
+gradient-accumulation buffer) the wgrad GEMM writes float32 and is added to it (FP32 accumulation);
+otherwise dW comes back in the weight's dtype.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .autoscale import AutoScaler
+from .formats import amax_with_nan_as_inf, get_format
+from .gemm import fp8_gemm
+from .quantize import QTensor, fold_two_level, quantize_reference, quantize_tensor_ref
+from .recipe import Recipe, get_recipe
+
+
+def quantize_operand(x2: torch.Tensor, granularity: str, recipe: Recipe, rows: bool = True, cols: bool = False):
+    """x2 [M, K] -> (x2 quantized along K as [M, K], x2^T quantized along M as [K, M]); either may be None.
+
+    Two-level operands come back folded (quantize.fold_two_level): the form Hopper's GEMM takes.
+    """
+    sf, fmt = recipe.scale_format, recipe.fmt
+    if x2.is_cuda:
+        from . import kernels as kn
+
+        if granularity == "token":
+            return kn.quantize_token_triton(x2, sf, fmt, rows=rows, cols=cols)
+        if granularity == "tensor":
+            q, qt = kn.quantize_tensor_triton(x2, sf, fmt, transpose=cols)
+            return (q if rows else None), qt
+        q = kn.quantize_two_level_triton(x2, sf, fmt, fold=True) if rows else None
+        qt = kn.quantize_two_level_triton(x2.t().contiguous(), sf, fmt, fold=True) if cols else None
+        return q, qt
+    quant = lambda t: quantize_reference(t, granularity, sf, fmt)
+    if granularity == "two_level":
+        quant = lambda t: fold_two_level(quantize_reference(t, granularity, sf, fmt))
+    q = quant(x2) if rows else None
+    if not cols:
+        return q, None
+    qt = q.t() if (granularity == "tensor" and q is not None) else quant(x2.t())
+    return q, qt
+
+
+class WeightCache:
+    """The FP8 copy of one weight (and its transpose for dgrad), made once per optimizer step.
+
+    Stale copies are detected by the weight's storage and in-place version counter, so a trainer
+    that forgets to call step() still gets fresh weights; step(lr) after optimizer.step() is what
+    advances MOSS automatic scaling (the predicted bound grows by the learning rate).
+    """
+
+    def __init__(self, name: str = ""):
+        self.name = name
+        self.autoscaler: AutoScaler | None = None
+        self._key = None
+        self.q: QTensor | None = None
+        self.qt: QTensor | None = None
+
+    def invalidate(self) -> None:
+        self._key = None
+
+    def step(self, lr: float) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.step(lr)
+        self.invalidate()
+
+    def get(self, weight: torch.Tensor, recipe: Recipe, need_t: bool) -> tuple[QTensor, QTensor | None]:
+        key = (weight.data_ptr(), weight._version, weight.dtype, recipe)
+        if key != self._key or (need_t and self.qt is None):
+            self.q, self.qt = self._quantize(weight.detach(), recipe, need_t)
+            self._key = key
+        return self.q, self.qt
+
+    def _quantize(self, w: torch.Tensor, recipe: Recipe, need_t: bool):
+        sf, fmt = recipe.scale_format, recipe.fmt
+        if recipe.weight == "block":
+            if w.is_cuda:
+                from .kernels import quantize_block_triton
+
+                return quantize_block_triton(w, sf, fmt, transpose=need_t)
+            q = quantize_reference(w, "block", sf, fmt)
+            return q, (q.t() if need_t else None)
+        scale = None
+        if recipe.autoscale_weights:
+            if self.autoscaler is None:
+                self.autoscaler = AutoScaler(fmt, recipe.resync_interval, self.name)
+            scale = self.autoscaler.scale(w)
+        if w.is_cuda:
+            from .kernels import quantize_tensor_triton
+
+            seen = torch.zeros((), dtype=torch.float32, device=w.device) if self.autoscaler else None
+            q, qt = quantize_tensor_triton(w, sf, fmt, scale=scale, transpose=need_t, record_amax=seen)
+        else:
+            q = quantize_tensor_ref(w, get_format(fmt), sf, scale=scale)
+            qt = q.t() if need_t else None
+            seen = amax_with_nan_as_inf(w) if self.autoscaler else None
+        if self.autoscaler is not None:
+            self.autoscaler.observe(seen)
+        return q, qt
+
+
+class Fp8LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe: Recipe, cache: WeightCache, backend: str):
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        k = x.shape[-1]
+        x2 = x.reshape(-1, k)
+        qx, qxt = quantize_operand(x2, recipe.activation, recipe, rows=True, cols=need_wgrad)
+        qw, _ = cache.get(weight, recipe, need_t=need_dgrad)
+        y = fp8_gemm(qx, qw, out_dtype=x.dtype, backend=backend)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.recipe, ctx.cache, ctx.backend = recipe, cache, backend
+        ctx.qxt = qxt
+        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.has_bias = bias is not None
+        ctx.bias_dtype = bias.dtype if bias is not None else None
+        ctx.save_for_backward(weight)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        (weight,) = ctx.saved_tensors
+        recipe = ctx.recipe
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        qdy, qdyt = quantize_operand(dy2, recipe.grad, recipe, rows=need_dgrad, cols=need_wgrad)
+        dx = dw = db = None
+        if need_dgrad:
+            _, qwt = ctx.cache.get(weight, recipe, need_t=True)
+            dx = fp8_gemm(qdy, qwt, out_dtype=ctx.x_dtype, backend=ctx.backend).reshape(ctx.x_shape)
+        if need_wgrad:
+            # FP32 out where the gradient is accumulated in FP32 (main_grad, FP32 weights); a bf16
+            # weight without main_grad is accumulated in bf16 by autograd anyway, so the GEMM writes
+            # bf16 directly (it accumulates in FP32 inside either way)
+            main_grad = getattr(weight, "main_grad", None)
+            out_dtype = torch.float32 if main_grad is not None else weight.dtype
+            dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=out_dtype, backend=ctx.backend)
+            if main_grad is not None:
+                main_grad.add_(dw)
+                dw = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.float().sum(0).to(ctx.bias_dtype)
+        ctx.qxt = None
+        return dx, dw, db, None, None, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           recipe: str | Recipe = "fp8_blockwise_ue8m0", weight_cache: WeightCache | None = None,
+           backend: str = "auto") -> torch.Tensor:
+    """F.linear under a precision recipe: x [..., K], weight [N, K] (bf16 or fp32 master) -> [..., N] in x.dtype.
+
+    weight_cache: keep one per layer to quantize the weight once per optimizer step (without one
+    the weight is quantized on every call). backend: see gemm.py ("auto" picks per device).
+    """
+    recipe = get_recipe(recipe)
+    if x.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: x has K={x.shape[-1]} but weight is {tuple(weight.shape)} ([N, K])")
+    if not recipe.fp8:
+        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    cache = weight_cache if weight_cache is not None else WeightCache()
+    return Fp8LinearFunction.apply(x, weight, bias, recipe, cache, backend)
+
+
+class Fp8Linear(torch.nn.Module):
+    """nn.Linear under a recipe, with its own WeightCache (call .weight_cache.step(lr) after each optimizer step)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, recipe: str | Recipe = "fp8_blockwise_ue8m0",
+                 backend: str = "auto", device=None, dtype=None):
+        super().__init__()
+        ref = torch.nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.weight, self.bias = ref.weight, ref.bias
+        self.recipe = get_recipe(recipe)
+        self.backend = backend
+        self.weight_cache = WeightCache()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias, self.recipe, self.weight_cache, self.backend)

@@ -1,0 +1,84 @@
+"""Memory-efficient AdamW variants with torch.optim's interface (issue 5).
+
+| name            | class                  | params | bytes/param (weights+grad+states)  |
+|-----------------|------------------------|--------|------------------------------------|
+| adamw           | torch.optim.AdamW      | fp32   | 16 (fp32 grad), the reference      |
+| flash_adamw     | FlashAdamW             | bf16   | 7.125; 5.125 with gradient release |
+| sr_adamw        | SRAdamW                | bf16   | 8                                  |
+| bf16_adamw_rn   | BF16AdamW              | bf16   | 8, round-to-nearest: the failing baseline |
+| offload_adamw   | SRAdamW(offload=True)  | bf16   | 4 on the GPU, 4 in pinned host memory |
+
+Hook-up in a training loop (what each optimizer expects):
+- Params: ``required_param_dtype(name)``; cast the model (``model.bfloat16()``) before building
+  the optimizer. The bf16 optimizers keep no fp32 copy: the param *is* the weight.
+- Gradients: read from ``p.grad``, or from ``p.main_grad`` when ``p.grad`` is None (megatron-core
+  DDP), any float dtype; the math is fp32.
+- Data parallel (torch DDP or megatron-core DDP without the distributed optimizer): reduce
+  gradients, then ``optimizer.step()`` on every rank; every rank keeps full states and the
+  update is deterministic (SR noise is keyed by seed, step and param index, not rank), so
+  replicas stay bit-identical (tests/optim/test_data_parallel.py).
+- Not composable: megatron's DistributedOptimizer (it owns an fp32 master copy and shards
+  fp32 Adam states: the memory these optimizers remove; use plain DDP) and stepping inside
+  backward under DDP (release.py says why).
+- Gradient release: ``enable_step_in_backward(optimizer, model)`` (release.py), single GPU.
+- Offload: ``offload=True`` on FlashAdamW / SRAdamW (offload.py); call ``optimizer.step()``
+  after backward, or combine with ``enable_step_in_backward`` to overlap with backward.
+- Checkpoints: ``state_dict()`` / ``load_state_dict()`` round-trip bit for bit.
+"""
+from typing import Iterable
+
+import torch
+
+from infir.optim.base import PerParamOptimizer
+from infir.optim.flash_adamw import FlashAdamW
+from infir.optim.release import StepInBackward, enable_step_in_backward
+from infir.optim.sr_adamw import BF16AdamW, SRAdamW
+
+
+def OffloadedAdamW(params, **kw) -> SRAdamW:
+    """SRAdamW with its bf16 states in pinned host memory (the talk's recipe)."""
+    return SRAdamW(params, offload=True, **kw)
+
+
+def _torch_adamw(params, **kw) -> torch.optim.AdamW:
+    params = list(params)
+    kw.setdefault("fused", all(p.is_cuda for p in params if isinstance(p, torch.Tensor)))
+    return torch.optim.AdamW(params, **kw)
+
+
+OPTIMIZERS = {
+    "adamw": (_torch_adamw, torch.float32),
+    "flash_adamw": (FlashAdamW, torch.bfloat16),
+    "sr_adamw": (SRAdamW, torch.bfloat16),
+    "bf16_adamw_rn": (BF16AdamW, torch.bfloat16),
+    "offload_adamw": (OffloadedAdamW, torch.bfloat16),
+}
+
+
+def _lookup(name: str):
+    if name not in OPTIMIZERS:
+        raise KeyError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}")
+    return OPTIMIZERS[name]
+
+
+def required_param_dtype(name: str) -> torch.dtype:
+    """The dtype the model's params must have for optimizer ``name``."""
+    return _lookup(name)[1]
+
+
+def build_optimizer(name: str, params: Iterable, **kw) -> torch.optim.Optimizer:
+    """Build optimizer ``name`` (a key of OPTIMIZERS) with torch AdamW's keyword arguments
+    (lr, betas, eps, weight_decay) plus the class's own (fused, offload, seed)."""
+    factory, dtype = _lookup(name)
+    params = [dict(item, params=list(item["params"])) if isinstance(item, dict) else item
+              for item in params]
+    for p in (q for item in params for q in (item["params"] if isinstance(item, dict) else [item])):
+        if p.dtype != dtype:
+            raise TypeError(f"optimizer {name!r} expects {dtype} params, got {p.dtype} for a "
+                            f"param of shape {tuple(p.shape)}; cast the model to {dtype} first")
+    return factory(params, **kw)
+
+
+__all__ = ["FlashAdamW", "SRAdamW", "BF16AdamW", "OffloadedAdamW", "PerParamOptimizer",
+           "StepInBackward", "enable_step_in_backward", "build_optimizer",
+           "required_param_dtype", "OPTIMIZERS"]

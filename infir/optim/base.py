@@ -1,0 +1,129 @@
+"""The optimizer skeleton shared by FlashAdamW, SRAdamW and BF16AdamW: a plain
+``torch.optim.Optimizer`` whose ``step`` is a loop of ``step_param(p, group)``.
+
+Stepping one parameter at a time is what lets the same update run from ``step()``, from a
+post-accumulate-grad hook inside backward (release.py), or between an H2D and a D2H copy of its
+states (offload.py). Subclasses give the state layout (``_init_state``) and the update
+(``_update``); this class owns the step count, gradient lookup, offloading and checkpoints.
+"""
+import functools
+from collections import defaultdict
+from typing import Callable, Optional
+
+import torch
+
+from infir.optim.adam_math import AdamScalars
+
+# every param of a group shares (hyper-parameters, step): compute the fp32 scalars once
+_scalars = functools.lru_cache(maxsize=256)(AdamScalars.of)
+
+
+class PerParamOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, defaults: dict, *, offload: bool = False, seed: int = 0):
+        lr, (beta1, beta2) = defaults["lr"], defaults["betas"]
+        if lr < 0 or not 0.0 <= beta1 < 1.0 or not 0.0 <= beta2 < 1.0 or defaults["eps"] < 0:
+            raise ValueError(f"invalid AdamW hyper-parameters lr={lr} betas={defaults['betas']} "
+                             f"eps={defaults['eps']}: need lr >= 0, 0 <= beta < 1, eps >= 0")
+        super().__init__(params, defaults)
+        self.seed = seed
+        # a parameter's position is the same on every data-parallel rank: it keys the random
+        # stream of stochastic rounding so that replicas stay bit-identical
+        self._index = {p: i for i, p in enumerate(
+            p for group in self.param_groups for p in group["params"])}
+        self._stepped_in_backward: set = set()
+        self._offloader = None
+        if offload:
+            from infir.optim.offload import StateOffloader
+            self._offloader = StateOffloader()
+
+    # --- what a subclass provides ------------------------------------------------------------
+    def _init_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor],
+                group: dict, s: AdamScalars, seed: int) -> None:
+        """Update ``p`` and the state tensors in place."""
+        raise NotImplementedError
+
+    # --- stepping ----------------------------------------------------------------------------
+    @property
+    def offload(self) -> bool:
+        return self._offloader is not None
+
+    @staticmethod
+    def grad_of(p: torch.Tensor) -> Optional[torch.Tensor]:
+        """``p.grad``, or megatron DDP's ``p.main_grad`` where backward wrote there instead."""
+        return p.grad if p.grad is not None else getattr(p, "main_grad", None)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable] = None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p not in self._stepped_in_backward:
+                    self.step_param(p, group)
+        self._stepped_in_backward.clear()
+        if self._offloader is not None:
+            self._offloader.finish()
+        return loss
+
+    @torch.no_grad()
+    def step_param(self, p: torch.Tensor, group: dict) -> None:
+        grad = self.grad_of(p)
+        if grad is None:
+            return
+        if grad.shape != p.shape:
+            raise ValueError(f"gradient of shape {tuple(grad.shape)} for a param of shape "
+                             f"{tuple(p.shape)}")
+        state = self.state[p]
+        if not state:
+            state.update(self._init_state(p))
+            if self._offloader is not None:
+                state.update({k: self._offloader.to_host(v) for k, v in state.items()})
+            state["step"] = 0
+        state["step"] += 1
+        beta1, beta2 = group["betas"]
+        s = _scalars(group["lr"], beta1, beta2, group["eps"], group["weight_decay"],
+                     state["step"])
+        seed = hash((self.seed, state["step"], self._index[p])) & 0x7FFF_FFFF
+        tensors = {k: v for k, v in state.items() if k != "step"}
+        if self._offloader is None:
+            self._update(p, grad, tensors, group, s, seed)
+        else:
+            self._offloader.run(p, grad, tensors,
+                                lambda dev: self._update(p, grad, dev, group, s, seed))
+
+    def synchronize(self) -> None:
+        """Wait for every pending host write-back of offloaded states."""
+        if self._offloader is not None:
+            self._offloader.synchronize()
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def state_dict(self):
+        self.synchronize()
+        return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Exact reload. torch's own loader casts floating states to the param dtype (fp16 scales
+        would become bf16); this one keeps every tensor's dtype and bits."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"]) for a, b in zip(saved_groups, self.param_groups)):
+            raise ValueError("optimizer state_dict has a different parameter-group layout than "
+                             "this optimizer; build the optimizer over the same params in the "
+                             "same order as the run that saved it")
+        by_id = {i: p for sg, g in zip(saved_groups, self.param_groups)
+                 for i, p in zip(sg["params"], g["params"])}
+        self.synchronize()
+        self.state = defaultdict(dict)
+        for i, saved in state_dict["state"].items():
+            p = by_id[i]
+            place = (self._offloader.to_host if self._offloader is not None
+                     else (lambda t, p=p: t.to(p.device)))
+            self.state[p] = {k: place(v.clone()) if torch.is_tensor(v) else v
+                             for k, v in saved.items()}
+        for sg, g in zip(saved_groups, self.param_groups):
+            g.update({k: v for k, v in sg.items() if k != "params"})

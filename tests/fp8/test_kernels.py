@@ -1,0 +1,192 @@
+"""Triton kernels == the PyTorch reference, bit for bit, on fresh random inputs of awkward shapes.
+
+On CPU the kernels run in Triton's interpreter (tests/fp8/conftest.py) with the software FP8
+rounding; the `gpu` tests run the compiled kernels with the hardware cast on full sizes.
+"""
+import pytest
+import torch
+
+from infir.fp8 import dequantize, fp8_gemm, quantize
+from infir.fp8 import kernels as kn
+from infir.fp8.quantize import fold_two_level, quantize_reference
+
+GRANS = ["tensor", "token", "block", "two_level"]
+
+
+def rand(shape, device="cpu", dtype=torch.bfloat16, seed=None):
+    g = torch.Generator(device=device)
+    g.manual_seed(torch.seed() if seed is None else seed)  # fresh inputs every run
+    x = torch.randn(shape, generator=g, device=device) * torch.exp(torch.randn(shape, generator=g, device=device) * 2)
+    return x.to(dtype)
+
+
+def assert_same_q(a, b):
+    assert a.granularity == b.granularity and a.data.dtype == b.data.dtype
+    a_bytes, b_bytes = a.data.view(torch.uint8).cpu(), b.data.view(torch.uint8).cpu()
+    diff = (a_bytes != b_bytes).nonzero()
+    assert len(diff) == 0, (f"{len(diff)} FP8 bytes differ ({a.granularity}, {a.scale_format}, {a.fmt}), first at "
+                            f"{diff[:3].tolist()}: {a_bytes[tuple(diff[0])]} vs {b_bytes[tuple(diff[0])]}")
+    assert torch.equal(a.scale.cpu(), b.scale.cpu()), "scales differ"
+    if a.granularity == "two_level":
+        assert torch.equal(a.global_scale.cpu(), b.global_scale.cpu()) and torch.equal(a.local_exp.cpu(), b.local_exp.cpu())
+
+
+def check_all(x):
+    for gran in GRANS:
+        for sf in ("ue8m0", "fp32"):
+            for fmt in ("e4m3", "e5m2"):
+                assert_same_q(quantize(x, gran, sf, fmt, impl="triton"), quantize_reference(x, gran, sf, fmt))
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (130, 257), (37, 160), (200, 96)])
+def test_quantize_kernels_match_reference_bitwise(shape):
+    check_all(rand(shape))
+
+
+def test_kernels_match_reference_on_special_values():
+    x = rand((150, 200), dtype=torch.float32)
+    x[:130, :130] = 0  # zero blocks / groups / tokens
+    x[140, 3] = 1e-40  # float32 subnormal
+    x[141, 5] = float("nan")
+    x[142, 150] = float("inf")
+    x[143, 199] = -float("inf")
+    for gran in ("token", "block", "two_level"):
+        t, r = quantize(x, gran, impl="triton"), quantize_reference(x, gran)
+        assert torch.equal(torch.isnan(t.scale), torch.isnan(r.scale))
+        assert torch.equal(torch.isnan(dequantize(t)), torch.isnan(dequantize(r)))
+        fin = ~torch.isnan(dequantize(r))
+        assert torch.equal(dequantize(t)[fin], dequantize(r)[fin])
+
+
+def check_token_layouts(x, every_config=True):
+    """Every kernel configuration autotuning may pick gives the reference's bits."""
+    from infir.fp8.kernels.quant import _BOTH_CONFIGS, _COLS_CONFIGS
+
+    xc = x.cpu()
+    ref, ref_t = quantize_reference(xc, "token"), quantize_reference(xc.t(), "token")
+    for cfg in _BOTH_CONFIGS if every_config else []:
+        q, qt = kn.quantize_token_triton(x, rows=True, cols=True, config=cfg)
+        assert_same_q(q, ref)
+        assert_same_q(qt, ref_t)
+    for cfg in _COLS_CONFIGS if every_config else []:
+        assert_same_q(kn.quantize_token_triton(x, rows=False, cols=True, config=cfg)[1], ref_t)
+    q, qt = kn.quantize_token_triton(x, rows=True, cols=True)  # the default (autotuned on a GPU)
+    assert_same_q(q, ref)
+    assert_same_q(qt, ref_t)
+
+
+def test_token_kernels_give_both_layouts_in_every_config():
+    check_token_layouts(rand((200, 300)))
+
+
+def test_block_kernel_transpose_holds_the_same_values():
+    w = rand((260, 200))
+    q, qt = kn.quantize_block_triton(w, transpose=True)
+    assert_same_q(q, quantize_reference(w, "block"))
+    assert_same_q(qt, quantize_reference(w, "block").t())
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_fused_fold_matches_reference_fold(fmt):
+    x = rand((37, 300))
+    assert_same_q(kn.quantize_two_level_triton(x, "fp32", fmt, fold=True),
+                  fold_two_level(quantize_reference(x, "two_level", "fp32", fmt)))
+
+
+def test_tensor_kernel_given_scale_records_amax():
+    x = rand((100, 70), dtype=torch.float32)
+    seen = torch.zeros(())
+    scale = torch.tensor(0.37)
+    q, qt = kn.quantize_tensor_triton(x, "fp32", scale=scale, transpose=True, record_amax=seen)
+    from infir.fp8.formats import E4M3
+    from infir.fp8.quantize import quantize_tensor_ref
+
+    ref = quantize_tensor_ref(x, E4M3, "fp32", scale=scale)
+    assert_same_q(q, ref)
+    assert_same_q(qt, ref.t())
+    assert float(seen) == float(x.abs().max())
+    assert float(kn.amax_triton(x)) == float(x.abs().max())
+
+
+def test_two_level_gemm_kernel_matches_emulated():
+    from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton
+
+    a = quantize(rand((40, 96), dtype=torch.float32), "two_level", "fp32", impl="reference")
+    b2 = quantize(rand((24, 96), dtype=torch.float32), "two_level", "fp32", impl="reference")
+    bt = quantize(rand((24, 96), dtype=torch.float32), "tensor", "fp32", impl="reference")
+    for b in (b2, bt):
+        got = two_level_gemm_triton(a, b, torch.float32, block_m=16, block_n=16, block_k=64)
+        ref = fp8_gemm(a, b, torch.float32, backend="emulated")
+        assert (got - ref).norm() / ref.norm() < 1e-5
+
+
+# ------------------------------------------------------------------- GPU (compiled kernels, full sizes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(16384, 8192), (4097, 3583), (1000, 18944), (129, 127)])
+def test_gpu_kernels_match_reference_bitwise(shape):
+    # the reference runs on the CPU: its IEEE division is the source of truth
+    x = rand(shape, device="cuda")
+    xc = x.cpu()
+    fmts = ("e4m3", "e5m2") if shape[0] < 5000 else ("e4m3",)
+    for gran in GRANS:
+        for sf in ("ue8m0", "fp32"):
+            for fmt in fmts:
+                assert_same_q(quantize(x, gran, sf, fmt, impl="triton"), quantize_reference(xc, gran, sf, fmt))
+    check_token_layouts(x, every_config=shape[0] < 5000)
+    _, wt = kn.quantize_block_triton(x, transpose=True)
+    assert_same_q(wt, quantize_reference(xc, "block").t())
+    assert_same_q(kn.quantize_two_level_triton(x, "fp32", fold=True),
+                  fold_two_level(quantize_reference(xc, "two_level", "fp32")))
+
+
+@pytest.mark.gpu
+def test_gpu_software_fp8_cast_equals_hardware_cast():
+    import infir.fp8.kernels.quant as kq
+
+    x = rand((3000, 1000), device="cuda")
+    hw = quantize(x, "token", impl="triton")
+    kq.SOFT_CAST = True
+    try:
+        sw = quantize(x, "token", impl="triton")
+    finally:
+        kq.SOFT_CAST = False
+    assert_same_q(hw, sw)
+
+
+def _close(got, ref, tol):
+    err = float((got.float() - ref.float()).norm() / ref.float().norm())
+    assert err < tol, err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mkn", [(8192, 1536, 8960), (256, 8960, 1536), (1024, 3584, 512)])
+def test_gpu_scaled_mm_matches_emulated(mkn):
+    M, K, N = mkn
+    x, w, g = rand((M, K), "cuda"), rand((N, K), "cuda"), rand((M, N), "cuda")
+    qx, qxt = kn.quantize_token_triton(x, rows=True, cols=True)
+    qw, qwt = kn.quantize_block_triton(w, transpose=True)
+    qg, qgt = kn.quantize_token_triton(g, rows=True, cols=True)
+    for a, b in ((qx, qw), (qg, qwt), (qgt, qxt)):  # fprop, dgrad, wgrad
+        for dt in (torch.bfloat16, torch.float32):
+            # FP8 tensor-core accumulation is not a full FP32 one: ~1e-4 relative seen on an H100
+            _close(fp8_gemm(a, b, dt, backend="scaled_mm"), fp8_gemm(a, b, torch.float32, backend="emulated"), 1e-2 if dt == torch.bfloat16 else 1e-3)
+    tx, _ = kn.quantize_tensor_triton(x)
+    tw, _ = kn.quantize_tensor_triton(w)
+    _close(fp8_gemm(tx, tw, backend="scaled_mm"), fp8_gemm(tx, tw, backend="emulated"), 1e-2)
+    rx = kn.quantize_two_level_triton(x, fold=True)  # MOSS: folded rows x per-tensor / folded rows
+    rw = kn.quantize_two_level_triton(w, fold=True)
+    for b in (tw, rw):
+        for dt in (torch.bfloat16, torch.float32):
+            _close(fp8_gemm(rx, b, dt, backend="scaled_mm"), fp8_gemm(rx, b, torch.float32, backend="emulated"), 1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_two_level_gemm_matches_emulated():
+    M, K, N = 4096, 3584, 4608
+    a = quantize(rand((M, K), "cuda"), "two_level", "fp32")
+    b2 = quantize(rand((N, K), "cuda"), "two_level", "fp32")
+    bt = quantize(rand((N, K), "cuda"), "tensor", "fp32")
+    for b in (b2, bt):
+        _close(fp8_gemm(a, b, torch.float32, backend="triton"), fp8_gemm(a, b, torch.float32, backend="emulated"), 1e-3)
