@@ -185,6 +185,8 @@ def section_b(cfg, device, clock, micro, seq, accum, reps):
         ("offload_adamw, step after backward", "offload_adamw", {}, False, "sr_adamw, states on GPU"),
         ("offload_adamw, step in last backward", "offload_adamw", {}, True, "sr_adamw, states on GPU"),
         ("flash_adamw, states on GPU", "flash_adamw", {}, False, None),
+        ("flash_adamw offload, step after backward", "flash_adamw", {"offload": True}, False,
+         "flash_adamw, states on GPU"),
         ("flash_adamw offload, step in last backward", "flash_adamw", {"offload": True}, True,
          "flash_adamw, states on GPU"),
     ]
@@ -192,6 +194,7 @@ def section_b(cfg, device, clock, micro, seq, accum, reps):
     n = None
     for label, name, kw, in_bw, base in configs:
         free_all()
+        start = allocated(device) / GiB
         try:
             model = build_qwen(cfg, device, checkpointing=False)
             n = sum(p.numel() for p in model.parameters())
@@ -201,13 +204,14 @@ def section_b(cfg, device, clock, micro, seq, accum, reps):
             peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else 0
             times[label] = t
             over = f"{(t / times[base] - 1) * 100:+.1f}%" if base in times else "-"
-            lines.append(f"| {label} | {t * 1e3:.0f} | {over} | {peak:.1f} |")
+            lines.append(f"| {label} | {t * 1e3:.0f} | {over} | {peak:.1f} | {start:.2f} |")
             del model, opt, handle
         except Exception as e:
-            lines.append(f"| {label} | failed: {type(e).__name__}: {str(e)[:80]} | | |")
+            lines.append(f"| {label} | failed: {type(e).__name__}: {str(e)[:80]} | | | |")
     head = [f"### B. Qwen2 1.5B training step ({(n or 0) / 1e9:.2f}B params, random init), "
             f"{accum} micro-batches x {micro}x{seq} tokens = {accum * micro * seq} tokens/step",
-            "", "| optimizer | step ms | offload overhead | peak GPU GiB |", "|---|---|---|---|"]
+            "", "| optimizer | step ms | offload overhead | peak GPU GiB | GiB held at start |",
+            "|---|---|---|---|---|"]
     return head + lines
 
 
@@ -216,10 +220,13 @@ def section_c(cfg, device, clock, micro, seq, reps, checkpointing):
     batches = [torch.randint(0, cfg["vocab_size"], (micro, seq), generator=gen, device=device)]
     lines = [f"### C. Qwen2 7B training step on one GPU ({micro}x{seq} tokens, activation "
              f"checkpointing {'on' if checkpointing else 'off'})", "",
-             "| optimizer | params | step ms | peak GPU GiB | host state GiB |", "|---|---|---|---|---|"]
+             "| optimizer | params | step ms | peak GPU GiB | host state GiB | GiB held at start |",
+             "|---|---|---|---|---|---|"]
     for label, name, kw in (("offload_adamw, step in backward (grads released)", "offload_adamw", {}),
-                            ("flash_adamw offload, step in backward", "flash_adamw", {"offload": True})):
+                            ("flash_adamw offload, step in backward", "flash_adamw", {"offload": True}),
+                            ("flash_adamw, states on GPU, step in backward", "flash_adamw", {})):
         free_all()
+        start = allocated(device) / GiB
         try:
             model = build_qwen(cfg, device, checkpointing)
             n = sum(p.numel() for p in model.parameters())
@@ -230,10 +237,10 @@ def section_c(cfg, device, clock, micro, seq, reps, checkpointing):
             t = clock.time(train_step_fn(model, opt, batches, handle), warmup=1, reps=reps)
             peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else 0
             lines.append(f"| {label} | {n / 1e9:.2f}B | {t * 1e3:.0f} | {peak:.1f} | "
-                         f"{host_state_bytes(opt) / GiB:.1f} |")
+                         f"{host_state_bytes(opt) / GiB:.1f} | {start:.2f} |")
             del model, opt, handle
         except Exception as e:
-            lines.append(f"| {label} | | failed: {type(e).__name__}: {str(e)[:100]} | | |")
+            lines.append(f"| {label} | | failed: {type(e).__name__}: {str(e)[:100]} | | | |")
     lines.append(f"\nFor scale: fp32 master + fp32 AdamW states + fp32 grads = 16 B/param = "
                  f"{16 * 7.62e9 / GiB:.0f} GiB for 7.62B params before activations.")
     return lines

@@ -23,7 +23,7 @@ def cases(x):
         ("token 1x128 (X along K)", lambda: kn.quantize_token_triton(x), read + n + 4 * n // 128),
         ("token 128x1 along M, written transposed (X^T)", lambda: kn.quantize_token_triton(x, rows=False, cols=True),
          read + n + 4 * n // 128),
-        ("token both layouts (2 kernels, X read twice)", lambda: kn.quantize_token_triton(x, rows=True, cols=True),
+        ("token both layouts (one launch, autotuned: fused or split)", lambda: kn.quantize_token_triton(x, rows=True, cols=True),
          read + 2 * n + 8 * n // 128),
         ("block 128x128 (W)", lambda: kn.quantize_block_triton(x), read + n + 4 * n // 16384),
         ("block 128x128 + W^T bytes", lambda: kn.quantize_block_triton(x, transpose=True), read + 2 * n + 4 * n // 16384),

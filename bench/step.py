@@ -37,6 +37,28 @@ def gemm_ceiling(size, tokens: int) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
+def fp8_gemm_speedup(size, tokens: int) -> float:
+    """r: time of the block GEMMs (fwd shapes) in BF16 over blockwise FP8 (scaled_mm, UE8M0), summed."""
+    from infir.fp8 import fp8_gemm, quantize
+
+    d, kv, f = size.hidden, size.kv_heads * size.head_dim, size.ffn
+    bf16_ms = fp8_ms = 0.0
+    for k, n in [(d, d + 2 * kv), (d, d), (d, 2 * f), (f, d)]:
+        a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        qa, qw = quantize(a, "token", "ue8m0"), quantize(w, "block", "ue8m0")
+        bf16_ms += bench_ms(lambda: a @ w.t())
+        fp8_ms += bench_ms(lambda: fp8_gemm(qa, qw, out_dtype=torch.bfloat16, backend="scaled_mm"))
+    return bf16_ms / fp8_ms
+
+
+def lm_head_ms(size, tokens: int) -> float:
+    """The LM head's three GEMMs (logits, dH, dW) in BF16, for separating them from the block GEMMs."""
+    h = torch.randn(tokens, size.hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(size.vocab, size.hidden, device="cuda", dtype=torch.bfloat16)
+    return 3 * bench_ms(lambda: h @ w.t())
+
+
 def classify(name: str) -> str:
     n = name.lower()
     if any(k in n for k in ("flash", "fmha", "attention", "attn")):
@@ -105,7 +127,14 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     row["GEMM_ceiling_TFLOP/s"] = ceiling
     row["MFU(ceiling)"] = tflops / ceiling
     if profile:
-        row["profile"] = profile_step(trainer)
+        prof = profile_step(trainer)
+        row["profile"] = prof
+        if precision == "bf16":
+            # f: the share FP8 can speed up (block GEMMs, fwd + bwd; LM-head GEMMs taken out).
+            lm = lm_head_ms(trainer.size, mbs * seq) / (dt * 1e3)
+            f = max(prof.get("gemm", 0.0) - lm, 0.0)
+            r = fp8_gemm_speedup(trainer.size, mbs * seq)
+            row.update({"f_block_gemm": f, "r_fp8_gemm": r, "fp8_ceiling": 1.0 / ((1 - f) + f / r)})
     trainer.log.finish()
     del trainer
     gc.collect()
@@ -123,23 +152,43 @@ def main() -> None:
     p.add_argument("--precision", nargs="+", default=["bf16"])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--cases", nargs="*", default=None,
+                   help="explicit MODEL:RECOMPUTE:PRECISION triples instead of the full cross product")
     args = p.parse_args()
     rows, profiles = [], []
-    for model in args.models:
-        for seq in args.seq:
-            for rc in args.recompute:
-                for prec in args.precision:
-                    try:
-                        row = run_case(model, seq, args.mbs, args.accum, rc, prec, args.steps, args.profile)
-                    except torch.OutOfMemoryError:
-                        row = {"model": model, "precision": prec, "seq": seq, "recompute": rc, "step_ms": "OOM"}
-                        gc.collect(); torch.cuda.empty_cache()
-                    prof = row.pop("profile", None)
-                    if prof:
-                        profiles.append({"case": f"{model} {prec} s{seq} {rc}", **{k: f"{100 * v:.1f}%" for k, v in prof.items()}})
-                    rows.append(row)
-                    print(row, flush=True)
+    if args.cases:
+        grid = [(m, seq, rc, prec) for m, rc, prec in (c.split(":") for c in args.cases) for seq in args.seq]
+    else:
+        grid = [(m, seq, rc, prec) for m in args.models for seq in args.seq for rc in args.recompute for prec in args.precision]
+    for model, seq, rc, prec in grid:
+        try:
+            row = run_case(model, seq, args.mbs, args.accum, rc, prec, args.steps, args.profile)
+        except Exception as e:  # one failing case (OOM, a recipe bug) must not lose the others
+            what = "OOM" if isinstance(e, torch.OutOfMemoryError) else f"error: {type(e).__name__}: {str(e)[:120]}"
+            row = {"model": model, "precision": prec, "seq": seq, "recompute": rc, "step_ms": what}
+            gc.collect()
+            torch.cuda.empty_cache()
+        prof = row.pop("profile", None)
+        if prof:
+            profiles.append({"case": f"{model} {prec} s{seq} {rc}", **{k: f"{100 * v:.1f}%" for k, v in prof.items()}})
+        rows.append(row)
+        print(row, flush=True)
     sections = [markdown_table(rows)]
+    ratios = []
+    for row in rows:
+        if row.get("precision") == "bf16" or not isinstance(row.get("step_ms"), float):
+            continue
+        base = next((b for b in rows if b.get("precision") == "bf16" and isinstance(b.get("step_ms"), float)
+                     and all(b[k] == row[k] for k in ("model", "seq", "recompute"))), None)
+        if base:
+            ceiling = base.get("fp8_ceiling")
+            speed = base["step_ms"] / row["step_ms"]
+            ratios.append({"model": row["model"], "seq": row["seq"], "recompute": row["recompute"], "precision": row["precision"],
+                           "speedup vs bf16": speed, "Amdahl ceiling": ceiling if ceiling else "",
+                           "% of ceiling": 100 * speed / ceiling if ceiling else "",
+                           "memory vs bf16": row["peak_mem_GiB"] / base["peak_mem_GiB"]})
+    if ratios:
+        sections.append("FP8 vs BF16, same run:\n\n" + markdown_table(ratios))
     if profiles:
         cols = ["case"] + sorted({k for r in profiles for k in r if k != "case"})
         sections.append("GPU time by kernel class (one step):\n\n" + markdown_table(profiles, cols))

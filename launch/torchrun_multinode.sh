@@ -3,7 +3,7 @@
 # Nodes meet at a c10d rendezvous hosted by the launcher on MASTER_ADDR; ranks are assigned by the
 # rendezvous, so no NODE_RANK is needed and nodes may start in any order.
 #
-#   NNODES=2 MASTER_ADDR=node001 RDZV_ID=myjob launch/torchrun_multinode.sh model=qwen2.5-7b parallel.tp=4 ...
+#   NNODES=2 MASTER_ADDR=node001 RDZV_ID=myjob launch/torchrun_multinode.sh model=qwen2.5-7b parallel=tp4 ...
 #
 # Required: NNODES, MASTER_ADDR (a host every node can reach). Optional: MASTER_PORT (29500),
 # RDZV_ID (same on all nodes and unique per job; default infir-$MASTER_ADDR-$MASTER_PORT),

@@ -179,8 +179,8 @@ def phase_schedule(phases: list[Phase], seq_length: int, global_batch: int) -> l
 
 
 def build_phase_datasets(phase: Phase, seq_length: int, tokenizer, *, global_batch: int = 1,
-                         valid_samples: int | None = None, valid_blend=None, seed: int = 1234,
-                         cache_dir=None):
+                         valid_samples: int | None = None, valid_blend=None, split: str = "99,1,0",
+                         seed: int = 1234, cache_dir=None):
     """A phase's ``(train, valid)`` megatron datasets, sized to the phase's tokens."""
     from infir.data.pretrain import build_pretrain_datasets
 
@@ -188,4 +188,4 @@ def build_phase_datasets(phase: Phase, seq_length: int, tokenizer, *, global_bat
     return build_pretrain_datasets(
         phase.blend, seq_length, tokenizer, train_samples=samples,
         valid_samples=valid_samples if valid_samples is not None else max(1, samples // 100),
-        valid_blend=valid_blend, seed=seed, cache_dir=cache_dir)
+        split=split, valid_blend=valid_blend, seed=seed, cache_dir=cache_dir)

@@ -96,6 +96,7 @@ def build_pretrain_datasets(
     else:
         blend_kwargs = {"blend": train_blend, "split": split}
         needs_size = [train_blend[1] is not None] * 2
+        _check_split_has_documents(train_blend[0], split, want_valid=valid_samples != 0)
     for name, n, need in (("train_samples", train_samples, needs_size[0]), ("valid_samples", valid_samples, needs_size[1])):
         if need and n is None:
             raise ValueError(f"a weighted blend needs {name}: megatron draws that many sequences by weight")
@@ -112,6 +113,28 @@ def build_pretrain_datasets(
     with _process_group_for_megatron():
         train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
     return train, valid
+
+
+def _check_split_has_documents(prefixes: list[str], split: str, want_valid: bool) -> None:
+    """megatron cuts each prefix's documents by ``split``; a split left with no document makes its
+    epoch-count loop spin forever, so refuse it here with the numbers."""
+    from infir.data.tokenize_corpus import megatron_indexed
+
+    shares = [float(x) for x in split.split(",")] + [0.0, 0.0]
+    total = sum(shares[:3])
+    if total <= 0:
+        raise ValueError(f"split {split!r} has no positive share")
+    train_end, valid_end = shares[0] / total, (shares[0] + shares[1]) / total
+    for prefix in prefixes:
+        dataset = megatron_indexed().IndexedDataset(prefix)
+        n = len(dataset)
+        del dataset
+        n_train = int(round(train_end * n))
+        n_valid = int(round(valid_end * n)) - n_train
+        if n_train == 0 or (want_valid and shares[1] > 0 and n_valid == 0):
+            raise ValueError(
+                f"{prefix} has {n} documents: split {split!r} leaves its {'train' if n_train == 0 else 'validation'} "
+                "part with none; use a split with larger shares, more documents, or a separate valid_blend")
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ dY^T (X^T)^T), which is the only layout Hopper's FP8 tensor cores take. Backends
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -65,8 +66,9 @@ def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat
     if not scaled_mm_fits(a, b):
         raise ValueError(
             f"scaled_mm backend cannot take ({a.granularity}, {b.granularity}) operands of shapes "
-            f"{tuple(a.data.shape)} x {tuple(b.data.shape)}: it needs (token, block|token) or (tensor, tensor) "
-            "with K and N multiples of 128 (16 for tensor); use backend='emulated' or 'auto'"
+            f"{tuple(a.data.shape)} x {tuple(b.data.shape)}: it needs (token, block|token) with M a multiple of 16 "
+            "and K, N multiples of 128, or (tensor|row, tensor|row) with K, N multiples of 16; "
+            "use backend='emulated' or 'auto'"
         )
     if a.granularity == "row":
         return _rowwise_gemm(a, b, out_dtype)
@@ -124,7 +126,19 @@ def resolve_backend(a: QTensor, b: QTensor, backend: str = "auto") -> str:
             return "triton"  # exact two-level; the fast MOSS path folds first (granularity "row")
         if scaled_mm_fits(a, b):
             return "scaled_mm"
+        _warn_slow_fallback(a, b)
     return "emulated"
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_slow_fallback_once(pair: tuple, shapes: tuple) -> None:
+    warnings.warn(f"fp8_gemm: {pair} operands of shapes {shapes} do not fit scaled_mm (see scaled_mm_fits), "
+                  "running the emulated FP32 GEMM on the GPU, which is far slower; pad the token count to a "
+                  "multiple of 16 (128 for K) to stay on the fast path", stacklevel=3)
+
+
+def _warn_slow_fallback(a: QTensor, b: QTensor) -> None:
+    _warn_slow_fallback_once((a.granularity, b.granularity), (tuple(a.data.shape), tuple(b.data.shape)))
 
 
 def fp8_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:

@@ -64,13 +64,82 @@ def chunk_grad_torch(logits: torch.Tensor, target: torch.Tensor, m: torch.Tensor
     logits.copy_(g.mul_(w[:, None]))
 
 
+# --------------------------------------------------------------------------- per-chunk math, Triton
+# The same two steps as the PyTorch pair above, reading the chunk's logits in their own dtype:
+# an online max / sum-exp pass (one read), then the gradient written in place (one read, one write),
+# instead of PyTorch's FP32 copy and its several passes. The kernels are built on first use, so that
+# TRITON_INTERPRET=1 set by a test before that use runs them on the CPU.
+_TRITON_BLOCK = 4096
+_kernels_cache: dict = {}
+
+
+def _kernels():
+    if "stats" in _kernels_cache:
+        return _kernels_cache["stats"], _kernels_cache["grad"]
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def stats_kernel(z_ptr, stride, target_ptr, m_ptr, s_ptr, tgt_ptr, V, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        base = z_ptr + row * stride
+        # Per-lane running max and sum; a finite start value keeps exp(m_old - m_new) free of inf - inf.
+        m_vec = tl.full([BLOCK], -1e30, tl.float32)
+        s_vec = tl.zeros([BLOCK], tl.float32)
+        for off in range(0, V, BLOCK):
+            cols = off + tl.arange(0, BLOCK)
+            z = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m_vec, z)
+            s_vec = s_vec * tl.exp(m_vec - m_new) + tl.exp(z - m_new)
+            m_vec = m_new
+        m = tl.max(m_vec, 0)
+        s = tl.sum(s_vec * tl.exp(m_vec - m), 0)
+        t = tl.load(target_ptr + row)
+        owned = (t >= 0) & (t < V)
+        z_t = tl.load(base + tl.where(owned, t, 0)).to(tl.float32)
+        tl.store(m_ptr + row, m)
+        tl.store(s_ptr + row, s)
+        tl.store(tgt_ptr + row, tl.where(owned, z_t, 0.0))
+
+    @triton.jit
+    def grad_kernel(z_ptr, stride, target_ptr, m_ptr, s_ptr, w_ptr, V, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ptrs = z_ptr + row * stride + cols
+        z = tl.load(ptrs, mask=cols < V, other=0.0).to(tl.float32)
+        p = tl.exp(z - tl.load(m_ptr + row)) / tl.load(s_ptr + row)
+        g = tl.where(cols == tl.load(target_ptr + row), p - 1.0, p) * tl.load(w_ptr + row)
+        tl.store(ptrs, g.to(z_ptr.dtype.element_ty), mask=cols < V)
+
+    _kernels_cache.update(stats=stats_kernel, grad=grad_kernel)
+    return stats_kernel, grad_kernel
+
+
+def chunk_stats_triton(logits: torch.Tensor, target: torch.Tensor):
+    stats_kernel, _ = _kernels()
+    n, v = logits.shape
+    m, s, tgt = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
+    stats_kernel[(n,)](logits, logits.stride(0), target.contiguous(), m, s, tgt, v, BLOCK=_TRITON_BLOCK, num_warps=8)
+    return m, s, tgt
+
+
+def chunk_grad_triton(logits: torch.Tensor, target: torch.Tensor, m: torch.Tensor, s: torch.Tensor, w: torch.Tensor) -> None:
+    _, grad_kernel = _kernels()
+    n, v = logits.shape
+    grad_kernel[(n, triton_cdiv(v, _TRITON_BLOCK))](
+        logits, logits.stride(0), target.contiguous(), m.contiguous(), s.contiguous(), w.contiguous(), v, BLOCK=_TRITON_BLOCK, num_warps=8
+    )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _chunk_ops(logits: torch.Tensor, use_triton: bool | None):
     if use_triton is None:
         use_triton = logits.is_cuda
     if use_triton:
-        from infir.model import lm_loss_triton
-
-        return lm_loss_triton.chunk_stats, lm_loss_triton.chunk_grad
+        return chunk_stats_triton, chunk_grad_triton
     return chunk_stats_torch, chunk_grad_torch
 
 
@@ -89,7 +158,7 @@ def _tp_reduce(m, s, tgt, tp_group):
 # --------------------------------------------------------------------------- the fused function
 class _ChunkedLMLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, loss_weight, chunk_tokens, compute_dtype, tp_group, use_triton):
+    def forward(ctx, hidden, weight, labels, loss_weight, chunk_tokens, compute_dtype, tp_group, use_triton, want_grad):
         s_len, b, h = hidden.shape
         x = hidden.reshape(s_len * b, h).to(compute_dtype)
         wt = weight.to(compute_dtype)
@@ -98,11 +167,12 @@ class _ChunkedLMLoss(torch.autograd.Function):
         # Token t = i * b + j of the [s, b] flattening; labels/weights arrive as [b, s].
         target = labels.t().reshape(-1) - rank * v_local
         w = loss_weight.t().reshape(-1).float()
-        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # Under no_grad (validation) only the losses are computed.
+        needs_grad = want_grad and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
 
         ce = torch.empty(s_len * b, dtype=torch.float32, device=hidden.device)
         dx = torch.empty_like(x) if needs_grad else None
-        dw = torch.zeros(v_local, h, dtype=torch.float32, device=hidden.device) if ctx.needs_input_grad[1] else None
+        dw = torch.zeros(v_local, h, dtype=torch.float32, device=hidden.device) if needs_grad and ctx.needs_input_grad[1] else None
         for start in range(0, x.shape[0], chunk_tokens):
             end = min(start + chunk_tokens, x.shape[0])
             xc, tc = x[start:end], target[start:end]
@@ -116,11 +186,12 @@ class _ChunkedLMLoss(torch.autograd.Function):
             dx[start:end] = logits @ wt
             if dw is not None:
                 # The GEMM accumulates in FP32; the chunk's product is rounded once, as megatron's
-                # own weight-gradient GEMM is, then summed across chunks in FP32.
+                # own weight-gradient GEMM is, then summed across chunks in FP32 (add_ promotes
+                # without an FP32 copy of the product).
                 if logits.dtype == torch.float32:
                     dw.addmm_(logits.t(), xc)
                 else:
-                    dw += (logits.t() @ xc).float()
+                    dw.add_(logits.t() @ xc)
             del logits
         ctx.save_for_backward(dx, dw)
         ctx.shapes = (hidden.shape, hidden.dtype, weight.dtype)
@@ -131,11 +202,13 @@ class _ChunkedLMLoss(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_per_token):
         dx, dw = ctx.saved_tensors
         shape, h_dtype, w_dtype = ctx.shapes
-        dh = (dx.view(shape) * grad_loss.to(dx.dtype)).to(h_dtype) if ctx.needs_input_grad[0] else None
+        # Scaled in place: a second [V/tp, h] FP32 buffer here would land on the step's memory peak.
+        # (A second backward through the same forward then fails autograd's saved-tensor version check.)
+        dh = dx.mul_(grad_loss.to(dx.dtype)).view(shape).to(h_dtype) if ctx.needs_input_grad[0] else None
         # Returned in FP32 (autograd casts it to the parameter's dtype); megatron DDP's hook then adds
         # param.grad into param.main_grad, where a tied embedding's lookup gradient has been summed in.
-        dwt = (dw * grad_loss.float()).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return dh, dwt, None, None, None, None, None, None
+        dwt = dw.mul_(grad_loss.float()).to(w_dtype) if ctx.needs_input_grad[1] else None
+        return dh, dwt, None, None, None, None, None, None, None
 
 
 def chunked_lm_loss(
@@ -171,6 +244,7 @@ def chunked_lm_loss(
     compute_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
     with torch.autocast(device_type, enabled=False):
         loss, per_token = _ChunkedLMLoss.apply(
-            x, weight, labels, loss_weight, chunk_tokens, compute_dtype, tp_group if tp > 1 else None, use_triton
+            x, weight, labels, loss_weight, chunk_tokens, compute_dtype, tp_group if tp > 1 else None, use_triton,
+            torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad),
         )
     return LMLoss(loss, per_token.detach(), loss_weight.float().sum())

@@ -134,15 +134,18 @@ def transformer_config(
     )
 
 
-def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int):
-    """megatron GPTModel for one pipeline stage holding the whole depth (pre- and post-process)."""
-    from megatron.core.models.gpt import GPTModel
+def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int, chunked_loss: bool = False, loss_chunk_tokens: int = 8192):
+    """megatron GPTModel for one pipeline stage holding the whole depth (pre- and post-process).
 
+    chunked_loss: the LM head + cross entropy run chunk by chunk with gradients computed in the forward
+    (infir/model/lm_loss.py); the model then returns the loss_mask-weighted sum, never full logits.
+    """
     from infir.model import cpu_shims
+    from infir.model.gpt import InfirGPTModel
     from infir.model.spec import LinearClasses, block_spec
 
     cpu_shims.install()
-    model = GPTModel(
+    model = InfirGPTModel(
         config=config,
         transformer_layer_spec=block_spec(size.layers, linears or LinearClasses()),
         vocab_size=size.vocab,
@@ -162,6 +165,7 @@ def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int):
 
     if model.output_layer is not None and type(model.output_layer) is not ColumnLinear:
         model.output_layer.__class__ = ColumnLinear
+    model.chunked_loss, model.loss_chunk_tokens = chunked_loss, loss_chunk_tokens
     return model
 
 

@@ -26,15 +26,19 @@ class PerParamOptimizer(torch.optim.Optimizer):
                              f"eps={defaults['eps']}: need lr >= 0, 0 <= beta < 1, eps >= 0")
         super().__init__(params, defaults)
         self.seed = seed
-        # a parameter's position is the same on every data-parallel rank: it keys the random
-        # stream of stochastic rounding so that replicas stay bit-identical
-        self._index = {p: i for i, p in enumerate(
-            p for group in self.param_groups for p in group["params"])}
         self._stepped_in_backward: set = set()
         self._offloader = None
         if offload:
             from infir.optim.offload import StateOffloader
             self._offloader = StateOffloader()
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        # a parameter's position is the same on every data-parallel rank: it keys the random
+        # stream of stochastic rounding so that replicas stay bit-identical
+        index = self.__dict__.setdefault("_index", {})
+        for p in self.param_groups[-1]["params"]:
+            index.setdefault(p, len(index))
 
     # --- what a subclass provides ------------------------------------------------------------
     def _init_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -45,11 +45,20 @@ def quantize_momentum(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _ungrouped(codes, m), absmax.to(torch.float16)
 
 
+def momentum_unit(codes: torch.Tensor) -> torch.Tensor:
+    """int8 code -> its value in units of the group scale (inverse softsign of code / 127).
+    A function of the code alone: the fused kernel reads it from a 256-entry table."""
+    y = div(codes.float(), 127.0)
+    return y / (2.0 - y.abs())
+
+
+def variance_unit(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 code -> sqrt(v) in units of the group scale."""
+    return div(codes.float(), 255.0)
+
+
 def dequantize_momentum(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    groups = _grouped(codes)
-    y = div(groups, 127.0)
-    x = y / (2.0 - y.abs())  # inverse softsign
-    return _ungrouped(x * scales.float()[:, None], codes)
+    return _ungrouped(momentum_unit(_grouped(codes)) * scales.float()[:, None], codes)
 
 
 def quantize_variance(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,5 +70,5 @@ def quantize_variance(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dequantize_variance(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    root = div(_grouped(codes), 255.0) * scales.float()[:, None]
+    root = variance_unit(_grouped(codes)) * scales.float()[:, None]
     return _ungrouped(root * root, codes)

@@ -18,9 +18,11 @@ import torch
 
 
 class StateOffloader:
-    def __init__(self, max_inflight_bytes: int = 1 << 30):
+    def __init__(self, max_inflight_bytes: int = 4 << 30):
         # back-pressure: states copied to the GPU but not yet written back are capped, or a
-        # fast backward would pull every state onto the GPU and undo the offload
+        # fast backward would pull every state onto the GPU and undo the offload. The cap blocks
+        # the host thread, which inside backward also stalls kernel launches: keep it well
+        # above one layer's states
         self.max_inflight_bytes = max_inflight_bytes
         self._streams: dict[torch.device, tuple] = {}
         self._inflight: deque = deque()  # (event after write-back, bytes)

@@ -15,6 +15,7 @@ Does not compose with:
   DDP): the hook would step on the local, un-reduced gradient. ``enable_step_in_backward``
   refuses a DDP-wrapped model and params carrying megatron's ``main_grad``.
 """
+import weakref
 from typing import Optional
 
 import torch
@@ -30,18 +31,27 @@ class StepInBackward:
         self.release_grads = release_grads
         self.armed = True
         self._hooks = []
-        for group in optimizer.param_groups:
+        # The hooks live on the params (partly in C++, out of the garbage collector's sight):
+        # a strong reference from a hook back to the optimizer, its groups or this handle would
+        # be a cycle gc cannot free, keeping the model alive. So the hooks hold a weak reference
+        # to the optimizer, and the optimizer holds this handle.
+        optimizer._step_in_backward = self
+        for index, group in enumerate(optimizer.param_groups):
             for p in group["params"]:
                 if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(group)))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        self._hook(weakref.ref(optimizer), index)))
 
-    def _hook(self, group: dict):
+    @staticmethod
+    def _hook(optimizer_ref, group_index: int):
         def hook(p: torch.Tensor) -> None:
-            if not self.armed or p.grad is None:
+            optimizer = optimizer_ref()
+            handle = getattr(optimizer, "_step_in_backward", None)
+            if handle is None or not handle.armed or p.grad is None:
                 return
-            self.optimizer.step_param(p, group)
-            self.optimizer._stepped_in_backward.add(p)
-            if self.release_grads:
+            optimizer.step_param(p, optimizer.param_groups[group_index])
+            optimizer._stepped_in_backward.add(p)
+            if handle.release_grads:
                 p.grad = None
         return hook
 
@@ -49,6 +59,8 @@ class StepInBackward:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+        if getattr(self.optimizer, "_step_in_backward", None) is self:
+            self.optimizer._step_in_backward = None
 
 
 def _reduces_after_backward(model: Optional[torch.nn.Module], optimizer) -> Optional[str]:

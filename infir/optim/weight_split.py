@@ -52,9 +52,13 @@ def split_master(master: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return narrow, rounded.to(torch.int8)
 
 
+def correction_unit(correction: torch.Tensor) -> torch.Tensor:
+    """int8 correction -> its value in half-ULPs (a 256-entry table in the fused kernel)."""
+    return div(correction.float(), CORRECTION_LEVELS)
+
+
 def merge_master(narrow: torch.Tensor, correction: torch.Tensor) -> torch.Tensor:
     """(bf16 weights, int8 corrections) -> fp32 master weights. Algorithm 1, decode."""
     if correction.dtype != torch.int8:
         raise TypeError(f"weight corrections are int8, got {correction.dtype}")
-    fraction = div(correction.float(), CORRECTION_LEVELS)
-    return narrow.float() + _scale_by_pow2(fraction, half_ulp_log2(narrow))
+    return narrow.float() + _scale_by_pow2(correction_unit(correction), half_ulp_log2(narrow))

@@ -68,7 +68,10 @@ class Trainer:
             cpu_init=cfg.model.cpu_init,
             fusions=_on_gpu(cfg.model.fusions, self.device),
         )
-        model = build_gpt(self.size, tcfg, self.recipe.linears, seq_length=st.seq_length).to(self.device)
+        model = build_gpt(
+            self.size, tcfg, self.recipe.linears, seq_length=st.seq_length,
+            chunked_loss=_on_gpu(cfg.model.chunked_loss, self.device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
+        ).to(self.device)
         if _on_gpu(cfg.model.compile, self.device):
             # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
             # Module.compile() works in place, so parameter names and checkpoints are unchanged.
@@ -80,6 +83,10 @@ class Trainer:
             tcfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), model
         )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        from infir.train.fp8_health import HealthMonitor
+
+        self.health = HealthMonitor(cfg.train.fp8_health_interval)
+        self.health.attach(model)
 
         # Optimizer: decoupled weight decay on matrices only (not on norms and biases).
         decay = [p for p in self.params if p.ndim >= 2]
@@ -150,9 +157,10 @@ class Trainer:
         return out
 
     def _forward(self, mb: dict) -> torch.Tensor:
+        """The loss_mask-weighted sum of token losses of one micro-batch."""
         with self.recipe.autocast(self.device):
-            per_token = self.model(mb["input_ids"], mb["position_ids"], mb["attention_mask"], labels=mb["labels"])
-        return (per_token.float() * mb["loss_mask"]).sum()
+            out = self.model(mb["input_ids"], mb["position_ids"], mb["attention_mask"], labels=mb["labels"], loss_mask=mb["loss_mask"])
+        return out if self.model.module.chunked_loss else (out.float() * mb["loss_mask"]).sum()
 
     def train_step(self, step: int) -> dict:
         micro_batches = self._micro_batches(step)
@@ -186,7 +194,7 @@ class Trainer:
             self.optimizer.step()
             for p in self.params:
                 p.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
-            self.recipe.after_optimizer_step(self.model.module)
+            self.recipe.after_optimizer_step(self.model.module, lr)
         return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": self.lr(step)}
 
     def _dp_group(self):
@@ -259,7 +267,13 @@ class Trainer:
         window_t, window_steps = time.perf_counter(), 0
         last = {}
         while self.step < self.total_iters:
+            self.health.begin_step(self.step + 1)
             out = self.train_step(self.step)
+            health, warnings = self.health.end_step(self.step + 1)
+            if health:
+                self.log.log({"step": self.step + 1, **health})
+                for w in warnings:
+                    self.log.console(f"WARNING fp8 health, step {self.step + 1}: {w}")
             if not out["finite"]:
                 self._handle_non_finite(out)
                 continue

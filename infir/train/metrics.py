@@ -108,7 +108,8 @@ def read_metrics(path: Path) -> list[dict]:
     for line in Path(path).read_text().splitlines():
         if line.strip():
             r = json.loads(line)
-            rows[(r["step"], "val_loss" in r)] = r
+            kind = "val" if "val_loss" in r else ("loss" if "loss" in r else "other")
+            rows[(r["step"], kind)] = r
     return [rows[k] for k in sorted(rows)]
 
 

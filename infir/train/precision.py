@@ -25,13 +25,45 @@ class PrecisionRecipe:
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=self.compute_dtype)
 
-    def after_optimizer_step(self, model: torch.nn.Module) -> None:
-        """Nothing to refresh for high-precision recipes."""
+    def after_optimizer_step(self, model: torch.nn.Module, lr: float) -> None:
+        """FP8 layers re-quantize their weights once for the next step's micro-batches (and MOSS
+        advances its predicted weight bound by the step's learning rate); others hold nothing."""
+        for module in model.modules():
+            cache = getattr(module, "weight_cache", None)
+            if cache is not None:
+                cache.step(lr)
+
+
+def _fp8(name: str) -> PrecisionRecipe:
+    from infir.model.fp8_linears import fp8_linear_classes
+
+    # FP8 block GEMMs; embedding, attention, norms, LM head and loss stay BF16/FP32 (InfiR2, LLMQ).
+    return PrecisionRecipe(name, torch.bfloat16, fp8_linear_classes(name))
+
+
+def _te_blockwise() -> PrecisionRecipe:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        raise RuntimeError(
+            "precision=te_blockwise runs Transformer Engine's Float8BlockScaling, and transformer_engine is not "
+            "importable here. Use the NGC image (Dockerfile) or `pip install infir[te]`, or pick an infir recipe: "
+            "precision=fp8_blockwise_ue8m0"
+        ) from None
+    raise NotImplementedError(
+        "precision=te_blockwise: Transformer Engine is installed, but infir's megatron spec does not build TE "
+        "layers yet; use precision=fp8_blockwise_ue8m0 (the same InfiR2 recipe in infir.fp8)"
+    )
 
 
 RECIPES = {
     "bf16": lambda: PrecisionRecipe("bf16", torch.bfloat16),
     "fp32": lambda: PrecisionRecipe("fp32", torch.float32),
+    "fp8_blockwise_ue8m0": lambda: _fp8("fp8_blockwise_ue8m0"),
+    "fp8_blockwise_fp32": lambda: _fp8("fp8_blockwise_fp32"),
+    "fp8_tensorwise": lambda: _fp8("fp8_tensorwise"),
+    "moss": lambda: _fp8("moss"),
+    "te_blockwise": _te_blockwise,
 }
 
 

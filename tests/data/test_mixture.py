@@ -53,7 +53,7 @@ def test_realised_token_shares_within_one_percent_per_phase(built):
     S = 16
     for phase in phases:
         train, _ = build_phase_datasets(phase, S, DEMO_TOKENIZER, global_batch=8, valid_samples=10,
-                                        cache_dir=built / "cache")
+                                        split="90,10,0", cache_dir=built / "cache")
         assert len(train) >= 10_000
         tokens = Counter()
         for i in range(len(train)):
@@ -101,3 +101,9 @@ def test_spec_errors_name_the_field(tmp_path, spec, message):
     (tmp_path / "s.yaml").write_text(spec)
     with pytest.raises(MixtureError, match=message):
         load_spec(tmp_path / "s.yaml")
+
+
+def test_a_split_without_validation_documents_is_refused(built):
+    phase = load_spec(built / "spec.yaml")[0]
+    with pytest.raises(ValueError, match="20 documents.*validation part with none"):
+        build_phase_datasets(phase, 16, DEMO_TOKENIZER, global_batch=8, valid_samples=10, split="99,1,0")

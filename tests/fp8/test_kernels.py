@@ -129,12 +129,12 @@ def test_gpu_kernels_match_reference_bitwise(shape):
     # the reference runs on the CPU: its IEEE division is the source of truth
     x = rand(shape, device="cuda")
     xc = x.cpu()
-    fmts = ("e4m3", "e5m2") if shape[0] < 5000 else ("e4m3",)
+    small = shape[0] * shape[1] < 2**24
     for gran in GRANS:
         for sf in ("ue8m0", "fp32"):
-            for fmt in fmts:
+            for fmt in ("e4m3", "e5m2") if small else ("e4m3",):
                 assert_same_q(quantize(x, gran, sf, fmt, impl="triton"), quantize_reference(xc, gran, sf, fmt))
-    check_token_layouts(x, every_config=shape[0] < 5000)
+    check_token_layouts(x, every_config=shape == (4097, 3583))  # each config compiles once: one shape is enough
     _, wt = kn.quantize_block_triton(x, transpose=True)
     assert_same_q(wt, quantize_reference(xc, "block").t())
     assert_same_q(kn.quantize_two_level_triton(x, "fp32", fold=True),

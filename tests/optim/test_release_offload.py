@@ -97,6 +97,22 @@ def test_offload_checkpoint_round_trip():
             assert torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
 
 
+@pytest.mark.parametrize("offload", [False, True])
+def test_step_in_backward_does_not_keep_the_model_alive(offload):
+    # hooks live on the params, partly in C++ where gc cannot see a reference cycle
+    import gc
+    import weakref
+    model = _model()
+    opt = FlashAdamW(model.parameters(), fused=False, offload=offload)
+    enable_step_in_backward(opt, model)
+    _loss(model, _batches(1)[0]).backward()
+    opt.step()
+    refs = [weakref.ref(model), weakref.ref(opt), weakref.ref(next(model.parameters()))]
+    del model, opt
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_step_in_backward_refuses_data_parallel_gradients():
     model = _model()
     opt = FlashAdamW(model.parameters())

@@ -5,7 +5,10 @@ per-tensor (MOSS weights: an artificial local scale of 1) or two-level too (wgra
 The power-of-two local scales are applied to each 32-deep partial product in the main loop (the
 FP32 accumulator takes one multiply-add per 32 MACs); the FP32 globals go to the epilogue.
 Hopper has no MX tensor-core path, so the local scales cost CUDA-core work here that a Blackwell
-MXFP8 GEMM would do in hardware. Reference twin: gemm.emulated_gemm (dequantize + matmul).
+MXFP8 GEMM would do in hardware: measured 345-430 TFLOP/s on an H100 at Qwen2.5 shapes, against
+~1000-1250 for the folded operands on cuBLAS row-wise scaled_mm (quantize.fold_two_level), which
+is why the moss recipe runs folded and this kernel stays the exact twin.
+Reference twin: gemm.emulated_gemm (dequantize + matmul).
 """
 from __future__ import annotations
 

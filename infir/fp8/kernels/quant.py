@@ -9,14 +9,18 @@ One HBM pass per tensor wherever the scaling unit allows it:
   128x128 FP8 transpose dominated) while the rows kernel alone ran at 87%.
 - `_quant_block_kernel`: one 128x128 scale per tile; writes W and, optionally, W^T's bytes.
 - `_quant_two_level_kernel`: MOSS rows: pass 1 finds the row amax, pass 2 (re-read mostly from
-  L2) writes data, per-32 effective scales, E8M0 codes and the row's global scale.
+  L2) writes data, per-32 effective scales, E8M0 codes and the row's global scale, or (fold)
+  the row-scaled GEMM operand of quantize.fold_two_level directly.
 - `_amax_kernel` + `_quant_scalar_kernel`: per-tensor (just-in-time, or a given scale for MOSS
   autoscale); the quantize pass also records the true amax it saw, so autoscale can count
   mispredictions without another pass.
 
 Bit-exactness rules shared with the reference: x / scale with IEEE round-to-nearest division
 (div_rn, not the approximate `/`), NaN counted as +inf in every amax, saturating RNE cast, exponent
-of amax/fmax read from the bits (no log2).
+of amax/fmax read from the bits (no log2). The reference is exact on the CPU; torch's CUDA
+division is not always bit-identical to it for FP32 scales, so GPU tests compare with CPU results.
+In Triton's interpreter the FP8 cast is done in integer arithmetic (_fp8_bits_rne), because the
+interpreter's own float8 cast rounds differently; a GPU test holds the two casts together.
 """
 from __future__ import annotations
 
@@ -323,6 +327,9 @@ def _quant_scalar_kernel(
 
 
 def _check_device(x: torch.Tensor) -> None:
+    if x.dim() == 2 and x.stride(-1) != 1:
+        raise ValueError(f"Triton FP8 kernels need unit stride along the last dim, got strides {x.stride()}; "
+                         "pass x.contiguous()")
     if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError(
             "Triton FP8 kernels got a CPU tensor: run them on CUDA, or set TRITON_INTERPRET=1 before "
@@ -448,8 +455,8 @@ def quantize_two_level_triton(x2, scale_format="fp32", fmt="e4m3", fold=False, b
 
 def amax_triton(x: torch.Tensor, block: int = 8192) -> torch.Tensor:
     """max |x| as a float32 0-dim tensor (NaN counted as inf)."""
-    _check_device(x)
     xc = x.contiguous().reshape(-1)
+    _check_device(xc)
     out = torch.zeros((), dtype=torch.float32, device=x.device)
     _amax_kernel[(max(1, triton.cdiv(xc.numel(), block)),)](xc, out, xc.numel(), BLOCK=block, num_warps=8)
     return out

@@ -1,0 +1,188 @@
+"""The spec's TP linears running `infir.fp8` (issue 11): QKV / FC1 column-parallel, proj / FC2 row-parallel.
+
+Weights: one `WeightCache` per layer quantizes the FP32 master weight once per optimizer step (the
+trainer calls `step(lr)` after each update); every micro-batch's fprop and dgrad reuse it, dgrad
+through the transposed view of the same 128x128 blocks.
+
+Sequence parallelism: megatron all-gathers the BF16 activation shards before the column-parallel
+GEMM. Here the local shard is quantized first and the FP8 bytes + scales are all-gathered (half the
+bytes; the saved wgrad operand stays FP8). This equals quantize-after-gather exactly when no
+quantization group straddles two shards: per-token 1x128 groups never do along K, and the 128-token
+groups of the wgrad operand X^T line up when each shard holds a multiple of 128 tokens; per-tensor
+scales use the amax all-reduced over the TP group first. Where that does not hold (MOSS two-level
+groups, unaligned shards) the layer gathers BF16 and quantizes after, as megatron would.
+
+BF16 autocast: the FP8 function takes BF16 activations (the autocast dtype) and FP32 master weights,
+and runs with autocast off inside (its GEMMs are FP8; outputs come back in the activation dtype).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+from infir.fp8 import WeightCache, get_recipe
+from infir.fp8 import linear as fp8_linear
+from infir.fp8.formats import get_format
+from infir.fp8.gemm import fp8_gemm
+from infir.fp8.linear import quantize_operand
+from infir.fp8.formats import scale_from_amax
+from infir.fp8.quantize import QTensor
+from infir.model.linears import ColumnLinear, RowLinear, column_input
+
+
+def _activation_dtype(x: torch.Tensor) -> torch.Tensor:
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev) and x.dtype == torch.float32:
+        return x.to(torch.get_autocast_dtype(dev))
+    return x
+
+
+class _Fp8(object):
+    """Mixin: the recipe, the weight cache and the health-monitor hook of one FP8 linear."""
+
+    recipe_name = "fp8_blockwise_ue8m0"
+    monitor = None  # an infir.train.fp8_health.HealthMonitor, set by the trainer
+
+    def _init_fp8(self):
+        self.fp8_recipe = get_recipe(self.recipe_name)
+        self.weight_cache = WeightCache(name="")
+
+    def fp8_matmul(self, x, weight, bias):
+        x = _activation_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            y = fp8_linear(x, weight, bias, self.fp8_recipe, weight_cache=self.weight_cache)
+        if self.monitor is not None and self.monitor.active:
+            self.monitor.record(self, x, weight, y)
+        return y
+
+
+class Fp8ColumnLinear(_Fp8, ColumnLinear):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_fp8()
+
+    def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
+        if sequence_parallel and fp8_gather_supported(self.fp8_recipe, input, tp_group):
+            x = _activation_dtype(input)
+            with torch.autocast(x.device.type, enabled=False):
+                y = Fp8GatheredColumn.apply(x, weight, bias, self.fp8_recipe, self.weight_cache, tp_group)
+            if self.monitor is not None and self.monitor.active:
+                self.monitor.record(self, gather_from_sequence_parallel_region(x.detach(), group=tp_group), weight, y)
+            return y
+        x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
+        return self.fp8_matmul(x, weight, bias)
+
+
+class Fp8RowLinear(_Fp8, RowLinear):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._init_fp8()
+
+    def matmul(self, x, weight, bias):
+        return self.fp8_matmul(x, weight, bias)
+
+
+def fp8_gather_supported(recipe, x: torch.Tensor, tp_group) -> bool:
+    """FP8 all-gather is exact for per-token and per-tensor activations when 128-token groups align."""
+    if recipe.activation == "two_level":
+        return False
+    tokens_local = x.numel() // x.shape[-1]
+    return recipe.activation == "tensor" or tokens_local % 128 == 0
+
+
+def _all_gather_q(q: QTensor, dim: int, group) -> QTensor:
+    """Concatenate every rank's FP8 shard (bytes and scales) along `dim`, in rank order."""
+    world = dist.get_world_size(group)
+    data = q.data.view(torch.uint8).contiguous()
+    parts = [torch.empty_like(data) for _ in range(world)]
+    dist.all_gather(parts, data, group=group)
+    gathered = torch.cat(parts, dim=dim).view(q.data.dtype)
+    if q.granularity == "tensor":
+        scale = q.scale  # one scale, the same on every rank (from the all-reduced amax)
+    else:
+        scale = q.scale.contiguous()
+        sparts = [torch.empty_like(scale) for _ in range(world)]
+        dist.all_gather(sparts, scale, group=group)
+        scale = torch.cat(sparts, dim=dim)
+    return QTensor(gathered, scale, q.granularity, q.scale_format, q.fmt)
+
+
+def _quantize_shard(x2: torch.Tensor, recipe, group, rows: bool, cols: bool):
+    if recipe.activation != "tensor":
+        return quantize_operand(x2, recipe.activation, recipe, rows=rows, cols=cols)
+    # Per-tensor: one scale for the whole (gathered) tensor, from the amax over all shards.
+    from infir.fp8.formats import amax_with_nan_as_inf
+
+    amax = amax_with_nan_as_inf(x2).float().reshape(1)
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=group)
+    scale = scale_from_amax(amax[0], get_format(recipe.fmt), recipe.scale_format)
+    if x2.is_cuda:
+        from infir.fp8.kernels import quantize_tensor_triton
+
+        q, qt = quantize_tensor_triton(x2, recipe.scale_format, recipe.fmt, scale=scale, transpose=cols)
+        return (q if rows else None), qt
+    from infir.fp8.quantize import quantize_tensor_ref
+
+    q = quantize_tensor_ref(x2, get_format(recipe.fmt), recipe.scale_format, scale=scale)
+    return (q if rows else None), (q.t() if cols else None)
+
+
+class Fp8GatheredColumn(torch.autograd.Function):
+    """Column-parallel FP8 linear whose sequence-parallel all-gather moves FP8 bytes + scales.
+
+    fprop  Y = gather(Q(X_local)) W^T        dgrad dX_local = reduce_scatter(dY W)
+    wgrad  dW = Q(dY)^T gather(Q(X_local)^T)  (FP32 into megatron's main_grad when present)
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, recipe, cache: WeightCache, group):
+        need_wgrad = ctx.needs_input_grad[1]
+        k = x.shape[-1]
+        qx, qxt = _quantize_shard(x.reshape(-1, k), recipe, group, rows=True, cols=need_wgrad)
+        qx = _all_gather_q(qx, 0, group)
+        ctx.qxt = _all_gather_q(qxt, 1, group) if need_wgrad else None
+        qw, _ = cache.get(weight, recipe, need_t=ctx.needs_input_grad[0])
+        y = fp8_gemm(qx, qw, out_dtype=x.dtype)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.recipe, ctx.cache, ctx.group = recipe, cache, group
+        ctx.x_shape, ctx.x_dtype, ctx.has_bias = x.shape, x.dtype, bias is not None
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.save_for_backward(weight)
+        world = dist.get_world_size(group)
+        return y.reshape(x.shape[0] * world, *x.shape[1:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx, dy):
+        (weight,) = ctx.saved_tensors
+        recipe = ctx.recipe
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        qdy, qdyt = quantize_operand(dy2, recipe.grad, recipe, rows=need_dgrad, cols=need_wgrad)
+        dx = dw = db = None
+        if need_dgrad:
+            _, qwt = ctx.cache.get(weight, recipe, need_t=True)
+            full = fp8_gemm(qdy, qwt, out_dtype=ctx.x_dtype)
+            dx = torch.empty((full.shape[0] // dist.get_world_size(ctx.group), full.shape[1]), dtype=full.dtype, device=full.device)
+            dist.reduce_scatter_tensor(dx, full.contiguous(), group=ctx.group)
+            dx = dx.reshape(ctx.x_shape)
+        if need_wgrad:
+            main_grad = getattr(weight, "main_grad", None)
+            dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=torch.float32 if main_grad is not None else weight.dtype)
+            if main_grad is not None:
+                main_grad.add_(dw)
+                dw = None
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.float().sum(0).to(ctx.bias_dtype)
+        ctx.qxt = None
+        return dx, dw, db, None, None, None
+
+
+def fp8_linear_classes(recipe_name: str):
+    """Column/row classes bound to one recipe (megatron's ModuleSpec takes classes, not instances)."""
+    from infir.model.spec import LinearClasses
+
+    column = type(f"Fp8ColumnLinear_{recipe_name}", (Fp8ColumnLinear,), {"recipe_name": recipe_name})
+    row = type(f"Fp8RowLinear_{recipe_name}", (Fp8RowLinear,), {"recipe_name": recipe_name})
+    return LinearClasses(column=column, row=row)

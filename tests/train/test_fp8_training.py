@@ -1,0 +1,77 @@
+"""FP8 recipes inside the megatron trainer on CPU (emulated FP8 GEMMs): TP/SP parity, weight reuse, health."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from trainrun import REPO, free_port, losses, run_train
+
+FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0"]
+
+
+@pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "fp8_tensorwise"])
+def test_sequence_parallel_all_gather_moves_fp8_and_matches_gathering_bf16(recipe):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+         str(REPO / "tests/train/fp8_gather_worker.py"), recipe],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2
+    for r in rows:
+        # Quantize-then-gather equals gather-then-quantize (per-tensor: after the TP amax all-reduce):
+        # the same FP8 operands, so results agree up to float summation order.
+        assert r["y"] < 1e-6 and r["dw"] < 1e-6 and r["dx"] < 1e-6, r
+        # FP8 bytes (plus FP32 scales where they vary per token), never the BF16 activation itself.
+        assert "torch.uint8" in r["gathered"] and set(r["gathered"]) <= {"torch.uint8", "torch.float32"}, r
+
+
+def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
+    common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "stage.iters=6"]
+    run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
+    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2"], nproc=2)
+    a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for step in a:
+        assert abs(a[step] - b[step]) <= 2e-3 * abs(a[step]), (step, a[step], b[step])
+
+
+def test_weights_are_quantized_once_per_optimizer_step(demo_root, tmp_path, monkeypatch):
+    """Two micro-batches per step and dgrad all reuse one FP8 copy of each weight."""
+    from infir.fp8.linear import WeightCache
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    calls = []
+    real = WeightCache._quantize
+    monkeypatch.setattr(WeightCache, "_quantize", lambda self, w, recipe, need_t: (calls.append(id(self)), real(self, w, recipe, need_t))[1])
+    cfg = compose([*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", f"run_dir={tmp_path}",
+                   "stage.iters=2", "stage.micro_batch=4", "stage.global_batch=8", "stage.seq_length=128"])
+    trainer = Trainer(cfg)
+    layers = 4 * trainer.size.layers  # qkv, proj, fc1, fc2
+    assert trainer.accum == 2
+    for step in range(2):
+        calls.clear()
+        trainer.train_step(step)
+        assert len(calls) == layers and len(set(calls)) == layers
+    from infir.train import dist as distributed
+
+    distributed.shutdown()
+
+
+def test_health_monitor_logs_every_fp8_layer_and_the_swiglu_output(demo_root, tmp_path):
+    run_dir = tmp_path / "health"
+    run_train([*FAST, f"data.root={demo_root}", "precision=moss", f"run_dir={run_dir}", "stage.iters=2",
+               "train.fp8_health_interval=2"])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    health = next(r for r in rows if "fp8/swiglu_amax_max" in r)
+    assert health["step"] == 2
+    for operand in ("x", "w", "dy"):
+        for layer in ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"):
+            key = f"fp8/L3.{layer}/{operand}/snr_db"
+            assert key in health and health[key] > 10, key
+    assert health["fp8/swiglu_amax_max"] == max(health[f"fp8/L{i}.linear_fc2/x/amax"] for i in range(4))
