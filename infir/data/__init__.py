@@ -2,11 +2,38 @@
 formatting with loss masks and packing, and the bundled demo data.
 
 Public entry points (the training loop and the eval helpers build against these):
-  DEMO_TOKENIZER                      path to the bundled 8192-token byte-level BPE (HF directory)
-  build_pretrain_datasets(...)        megatron GPTDataset / BlendedDataset train + valid
-  build_sft_dataset(prefix, S)        packed SFT dataset (tokens, labels, loss_mask, position_ids, segment_ids)
-  infir.data.demo                     arithmetic_problems, ensure_demo_data
+  DEMO_TOKENIZER                         path to the bundled 8192-token byte-level BPE (HF directory)
+  resolve_tokenizer("demo" | DIR)        a config's tokenizer entry -> a directory
+  build_pretrain_datasets(blend, S, tok) megatron GPTDataset / BlendedDataset (train, valid)
+  build_sft_dataset(prefix, S)           packed SFT rows (tokens, labels, loss_mask, position_ids, segment_ids)
+  packed_attention_mask(segment_ids)     block-diagonal causal mask for SDPA
+  infir.data.mixture                     load_resolved, phase_schedule, build_phase_datasets
+  infir.data.demo                        arithmetic_problems, EVAL_SEED, ensure_demo_data
+
+The heavy names are imported on first use, so ``from infir.data import DEMO_TOKENIZER`` stays
+cheap (no torch, megatron or transformers import).
 """
 from pathlib import Path
 
 DEMO_TOKENIZER: Path = Path(__file__).parent / "demo_tokenizer"
+
+_LAZY = {
+    "build_pretrain_datasets": "infir.data.pretrain",
+    "build_sft_dataset": "infir.data.sft",
+    "packed_attention_mask": "infir.data.sft",
+    "cu_seqlens": "infir.data.sft",
+    "load_tokenizer": "infir.data.tokenizer",
+}
+
+
+def resolve_tokenizer(name_or_dir: str | Path) -> Path:
+    """``"demo"`` -> DEMO_TOKENIZER; anything else is taken as an HF tokenizer directory."""
+    return DEMO_TOKENIZER if str(name_or_dir) == "demo" else Path(name_or_dir)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'infir.data' has no attribute {name!r}")

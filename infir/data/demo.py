@@ -34,7 +34,7 @@ def build_demo_tokenizer(out_dir: Path) -> Path:
 
 # ---- demo datasets -------------------------------------------------------------------------------
 # Bump when what ensure_demo_data writes changes, so old demo folders are rebuilt, not reused.
-DEMO_DATA_VERSION = 1
+DEMO_DATA_VERSION = 2
 REASONING_PROBLEMS = 20_000   # ~1M tokens of worked arithmetic for CPT
 REASONING_SEED = 10
 SFT1_PROBLEMS, SFT1_SEED = 3_000, 11   # stage 1: one-step problems
@@ -73,8 +73,9 @@ def _write_jsonl(path: Path, rows) -> Path:
 def ensure_demo_data(root: Path, workers: int | None = None, progress: bool = True) -> dict:
     """Build (once) the demo's data under ``root``; return paths and prefixes by name.
 
-    Keys: ``pretrain`` / ``pretrain_valid`` (Shakespeare train / validation scenes, indexed),
-    ``reasoning`` (worked arithmetic text, indexed), ``mixture`` (resolved CPT phases, YAML),
+    Keys: ``pretrain`` and ``mixture`` (the resolved CPT phases, YAML: what stage=cpt reads),
+    ``shakespeare`` / ``pretrain_valid`` (Shakespeare train / validation scenes, indexed),
+    ``reasoning`` (worked arithmetic text, indexed),
     ``sft1`` / ``sft2`` (SFT prefixes for ``build_sft_dataset``), ``eval`` (held-out problems,
     jsonl), ``tokenizer`` (the demo tokenizer directory). A rerun with everything in place returns
     at once (``root/manifest.json``).
@@ -121,7 +122,9 @@ def ensure_demo_data(root: Path, workers: int | None = None, progress: bool = Tr
     write_resolved(phases, root / "mixture.yaml", name=DEMO_MIXTURE["name"])
 
     paths = {
-        "pretrain": str(pre / "shakespeare_train"),
+        # What stage=cpt reads: the phased mixture (general, then more reasoning), run in order.
+        "pretrain": str(root / "mixture.yaml"),
+        "shakespeare": str(pre / "shakespeare_train"),
         "pretrain_valid": str(pre / "shakespeare_valid"),
         "reasoning": str(pre / "arithmetic"),
         "mixture": str(root / "mixture.yaml"),
@@ -130,7 +133,8 @@ def ensure_demo_data(root: Path, workers: int | None = None, progress: bool = Tr
         "eval": str(eval_path),
         "tokenizer": str(DEMO_TOKENIZER),
     }
-    files = [p + ext for k, p in paths.items() if k not in ("mixture", "eval", "tokenizer") for ext in (".bin", ".idx")]
+    files = [p + ext for k, p in paths.items() if k not in ("pretrain", "mixture", "eval", "tokenizer")
+             for ext in (".bin", ".idx")]
     files += [paths["mixture"], paths["eval"]]
     manifest_path.write_text(json.dumps({"version": DEMO_DATA_VERSION, "tokenizer": tok.fingerprint,
                                          "paths": paths, "files": files}, indent=2) + "\n")

@@ -13,11 +13,15 @@ torch.distributed megatron builds them on rank 0 first and the other ranks read 
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import logging
 import warnings
 from pathlib import Path
 from typing import Sequence, Union
+
+import torch
 
 from infir.data.tokenizer import MegatronTokenizerAdapter, TextTokenizer, load_tokenizer
 
@@ -81,6 +85,9 @@ def build_pretrain_datasets(
 ):
     """Return ``(train_ds, valid_ds)`` megatron datasets (valid_ds may be None).
 
+    ``blend`` may also be a resolved mixture file (``*.yaml`` from ``infir-prep mixture``): the
+    train set is then a ``PhasedDataset`` running the phases in order.
+
     Validation comes from ``valid_blend`` when given (e.g. the demo's ``pretrain_valid`` prefix),
     else from the ``split`` share of each prefix's documents. ``*_samples`` fix how many
     sequences each split draws (needed with weights: megatron then repeats epochs as required);
@@ -89,6 +96,9 @@ def build_pretrain_datasets(
     if seq_length < 1:
         raise ValueError(f"seq_length must be >= 1, got {seq_length}")
     tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
+    if is_mixture_file(blend):
+        return _build_phased(Path(blend), seq_length, tok, train_samples=train_samples, valid_samples=valid_samples,
+                             split=split, valid_blend=valid_blend, seed=seed, cache_dir=cache_dir)
     train_blend = normalize_blend(blend)
     if valid_blend is not None:
         blend_kwargs = {"blend_per_split": [train_blend, normalize_blend(valid_blend), None]}
@@ -113,6 +123,62 @@ def build_pretrain_datasets(
     with _process_group_for_megatron():
         train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
     return train, valid
+
+
+def is_mixture_file(blend) -> bool:
+    return isinstance(blend, (str, Path)) and str(blend).endswith((".yaml", ".yml"))
+
+
+class PhasedDataset(torch.utils.data.Dataset):
+    """The phases of a mixture back to back: indices ``[0, n_1)`` are phase 1's samples, then phase 2's...
+
+    ``sequential = True`` tells the loop to read it in index order (each phase's megatron dataset is
+    already shuffled inside); a loop that permutes indices globally would blend the phases.
+    """
+
+    sequential = True
+
+    def __init__(self, names: list[str], datasets: list):
+        self.names, self.datasets = names, datasets
+        self.ends = list(itertools.accumulate(len(d) for d in datasets))
+
+    @property
+    def phase_bounds(self) -> list[tuple[str, int, int]]:
+        starts = [0] + self.ends[:-1]
+        return list(zip(self.names, starts, self.ends))
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def __getitem__(self, idx: int):
+        if not 0 <= idx < len(self):
+            raise IndexError(f"index {idx} out of range for {len(self)} samples")
+        k = bisect.bisect_right(self.ends, idx)
+        return self.datasets[k][idx - (self.ends[k - 1] if k else 0)]
+
+
+def _build_phased(path: Path, seq_length: int, tok: TextTokenizer, *, train_samples, valid_samples, split,
+                  valid_blend, seed, cache_dir):
+    """A resolved mixture file (``infir-prep mixture``) -> (PhasedDataset, valid). Without
+    ``train_samples`` each phase draws its own tokens; with it, the samples are shared out in
+    proportion to the phases' tokens. Validation comes from ``valid_blend`` or phase 1's split."""
+    from infir.data.mixture import load_resolved
+
+    phases = load_resolved(path)
+    if train_samples is None:
+        counts = [max(1, -(-p.tokens // seq_length)) for p in phases]
+    else:
+        total = sum(p.tokens for p in phases)
+        bounds = [round(train_samples * c / total) for c in itertools.accumulate(p.tokens for p in phases)]
+        counts = [b - a for a, b in zip([0] + bounds[:-1], bounds)]
+    trains, valid = [], None
+    for i, (phase, n) in enumerate(zip(phases, counts)):
+        train, v = build_pretrain_datasets(
+            phase.blend, seq_length, tok, train_samples=n, valid_samples=valid_samples if i == 0 else 0,
+            split=split, valid_blend=valid_blend, seed=seed + i, cache_dir=cache_dir)
+        trains.append(train)
+        valid = v if i == 0 else valid
+    return PhasedDataset([p.name for p in phases], trains), valid
 
 
 def _check_split_has_documents(prefixes: list[str], split: str, want_valid: bool) -> None:

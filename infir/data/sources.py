@@ -1,7 +1,8 @@
 """Read documents from jsonl / jsonl.gz / parquet / a local HF ``datasets`` directory, in shards.
 
 A shard is a slice of one input that one worker tokenizes on its own: a byte range of a plain
-jsonl file (cut at line starts), a row range of a parquet file or HF dataset, or a whole gzip file
+jsonl file (cut at line starts), whole row groups of a parquet file, a row range of an HF
+dataset, or a whole gzip file
 (gzip cannot be entered mid-stream). Every record comes back with its 1-based line (or row) number
 so bad input is reported as ``file:line: reason`` and never stops the run.
 """
@@ -20,7 +21,7 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 class Shard:
     path: str
     kind: str          # "jsonl" | "jsonl.gz" | "parquet" | "hf"
-    start: int         # byte offset (jsonl) or row index (parquet, hf); 0 for jsonl.gz
+    start: int         # byte offset (jsonl), row group (parquet) or row (hf); 0 for jsonl.gz
     end: int           # exclusive; -1 = to the end
     first_line: int    # 1-based number of the shard's first line / row
     size: int          # bytes (jsonl, jsonl.gz) or rows (parquet, hf): the progress unit
@@ -71,13 +72,24 @@ def plan_shards(path: Path, target_bytes: int, target_rows: int = 200_000) -> li
     if kind == "jsonl":
         return _plan_jsonl(path, max(1, target_bytes))
     if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        rows = pq.ParquetFile(path).metadata.num_rows
-    else:
-        rows = len(_hf_dataset(str(path)))
+        return _plan_parquet(path, target_rows)
+    rows = len(_hf_dataset(str(path)))
     return [Shard(str(path), kind, s, min(s + target_rows, rows), s + 1, min(target_rows, rows - s))
             for s in range(0, rows, target_rows)] or [Shard(str(path), kind, 0, 0, 1, 0)]
+
+
+def _plan_parquet(path: Path, target_rows: int) -> list[Shard]:
+    """Whole row groups per shard (start/end index row groups), so a worker reads only its own."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(path).metadata
+    shards, first_group, first_row, rows = [], 0, 0, 0
+    for g in range(meta.num_row_groups):
+        rows += meta.row_group(g).num_rows
+        if rows >= target_rows or g == meta.num_row_groups - 1:
+            shards.append(Shard(str(path), "parquet", first_group, g + 1, first_row + 1, rows))
+            first_group, first_row, rows = g + 1, first_row + rows, 0
+    return shards or [Shard(str(path), "parquet", 0, 0, 1, 0)]
 
 
 def _plan_jsonl(path: Path, target_bytes: int) -> list[Shard]:
@@ -145,7 +157,7 @@ def iter_rows(shard: Shard) -> Iterator[tuple[int, Any, str | None]]:
     elif shard.kind == "parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(shard.path).slice(shard.start, shard.end - shard.start)
+        table = pq.ParquetFile(shard.path).read_row_groups(list(range(shard.start, shard.end)))
         for i, row in enumerate(table.to_pylist()):
             yield shard.first_line + i, row, None
     else:

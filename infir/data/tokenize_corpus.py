@@ -90,14 +90,16 @@ def tokenize_shard(shard: Shard, out_prefix: str, tok: TextTokenizer, text_key: 
     return stats
 
 
-# Worker state, set once per process by the pool initializer (the tokenizer is loaded there, not
-# pickled across).
+# Worker state. The parent loads the tokenizer once and the forked workers inherit it: loading
+# Qwen's 151k-token vocabulary (and checking its tiktoken twin) takes about a second, which per
+# worker would eat the fast path's gain on all but huge inputs.
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer_dir: str, text_key: str) -> None:
-    _WORKER["tok"] = load_tokenizer(tokenizer_dir)
-    _WORKER["text_key"] = text_key
+def _init_worker() -> None:
+    # One worker = one core: HF tokenizers would otherwise spread each batch over every core
+    # (workers=1 would then not mean one core, and N workers would oversubscribe N cores).
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def _run_shard(job: tuple[str, Shard, str]) -> tuple[str, dict | None, str | None]:
@@ -136,6 +138,7 @@ def tokenize_to_indexed(
         if not p.exists():
             raise FileNotFoundError(f"input {p} does not exist")
     tok = load_tokenizer(tokenizer_dir)  # fail here, before any work, on a bad tokenizer
+    _WORKER.update(tok=tok, text_key=text_key)
     megatron_indexed()  # imported once here, so forked workers inherit it instead of re-importing
     output_prefix = str(output_prefix)
     Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
@@ -187,14 +190,19 @@ def tokenize_to_indexed(
 
     if todo:
         if workers == 1 or len(todo) == 1:
-            _init_worker(str(tokenizer_dir), text_key)
-            for job in todo:
-                collect(*_run_shard(job))
+            saved = os.environ.get("TOKENIZERS_PARALLELISM")
+            try:
+                _init_worker()
+                for job in todo:
+                    collect(*_run_shard(job))
+            finally:  # in-process: give the caller its setting back
+                if saved is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = saved
         else:
-            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process = one core
             ctx = mp.get_context("fork")
-            with ctx.Pool(min(workers, len(todo)), initializer=_init_worker,
-                          initargs=(str(tokenizer_dir), text_key)) as pool:
+            with ctx.Pool(min(workers, len(todo)), initializer=_init_worker) as pool:
                 for out in pool.imap_unordered(_run_shard, todo):
                     collect(*out)
     bar.close()

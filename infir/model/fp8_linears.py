@@ -14,6 +14,10 @@ groups, unaligned shards) the layer gathers BF16 and quantizes after, as megatro
 
 BF16 autocast: the FP8 function takes BF16 activations (the autocast dtype) and FP32 master weights,
 and runs with autocast off inside (its GEMMs are FP8; outputs come back in the activation dtype).
+
+torch.compile: the FP8 matmul is left out of the compiled layer graph (`torch.compiler.disable`): its
+Triton quantizers autotune and its QTensors are plain dataclasses, which dynamo would otherwise try to
+trace; the norms, RoPE, SwiGLU and residual adds around it still fuse.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class _Fp8(object):
         self.fp8_recipe = get_recipe(self.recipe_name)
         self.weight_cache = WeightCache(name="")
 
+    @torch.compiler.disable
     def fp8_matmul(self, x, weight, bias):
         x = _activation_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
@@ -62,6 +67,7 @@ class Fp8ColumnLinear(_Fp8, ColumnLinear):
         super().__init__(*args, **kwargs)
         self._init_fp8()
 
+    @torch.compiler.disable
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
         if sequence_parallel and fp8_gather_supported(self.fp8_recipe, input, tp_group):
             x = _activation_dtype(input)

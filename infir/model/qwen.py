@@ -43,6 +43,8 @@ class QwenSize:
 SIZES: dict[str, QwenSize] = {
     # 4 layers, GQA 4:2, vocab of the demo BPE tokenizer: ~1.6M params, a few ms a step on CPU.
     "tiny": QwenSize(hidden=128, layers=4, heads=4, kv_heads=2, ffn=352, vocab=8192, tied=True, max_positions=2048),
+    # Qwen2.5-0.5B's layer shape at half its depth, on the demo vocabulary: ~180M params, for loss-parity runs.
+    "small-180m": QwenSize(hidden=896, layers=12, heads=14, kv_heads=2, ffn=4864, vocab=8192, tied=True, max_positions=4096),
     "qwen2.5-0.5b": QwenSize(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936, tied=True),
     "qwen2.5-1.5b": QwenSize(hidden=1536, layers=28, heads=12, kv_heads=2, ffn=8960, vocab=151936, tied=True),
     "qwen2.5-3b": QwenSize(hidden=2048, layers=36, heads=16, kv_heads=2, ffn=11008, vocab=151936, tied=True),

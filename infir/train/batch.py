@@ -9,18 +9,19 @@ import numpy as np
 import torch
 
 
-def sample_indices(step: int, micro: int, *, global_batch: int, micro_batch: int, dp: int, dp_rank: int, num_samples: int, seed: int) -> list[int]:
+def sample_indices(step: int, micro: int, *, global_batch: int, micro_batch: int, dp: int, dp_rank: int, num_samples: int, seed: int, shuffle: bool = True) -> list[int]:
     """Dataset indices of micro-batch `micro` of optimizer step `step` on data-parallel rank `dp_rank`.
 
     Global sample g = step * global_batch + (dp_rank * per_rank + micro * micro_batch + j); an epoch
-    is `num_samples` consecutive global samples, visited in a permutation seeded by (seed, epoch).
+    is `num_samples` consecutive global samples, visited in a permutation seeded by (seed, epoch), or
+    in order for datasets that are shuffled already and must keep their order (phases of a mixture).
     """
     per_rank = global_batch // dp
     base = step * global_batch + dp_rank * per_rank + micro * micro_batch
     out = []
     for g in range(base, base + micro_batch):
         epoch, pos = divmod(g, num_samples)
-        out.append(int(_permutation(num_samples, seed, epoch)[pos]))
+        out.append(int(_permutation(num_samples, seed, epoch)[pos]) if shuffle else pos)
     return out
 
 

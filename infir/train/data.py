@@ -1,4 +1,10 @@
-"""The datasets a stage trains on, from the `data` config group (demo | custom | synthetic)."""
+"""The datasets a stage trains on, from the `data` config group (demo | custom | synthetic).
+
+`data.sources` maps a stage's dataset name (stage.dataset: pretrain | sft1 | sft2) to an indexed-dataset
+prefix, a blend [weight, prefix, ...], or a resolved mixture file (`infir-prep mixture`), whose phases
+run in order (infir.data.pretrain returns them as one dataset marked `sequential`: the trainer's
+sampler then reads it in order instead of permuting it).
+"""
 from __future__ import annotations
 
 from pathlib import Path

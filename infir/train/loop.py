@@ -58,11 +58,15 @@ class Trainer:
 
         # Model: megatron GPTModel from our spec, the recipe's linears, FP32 master weights.
         self.recipe = get_recipe(cfg.precision.recipe)
+        from infir.optim import required_param_dtype
+
+        # FP32 masters for torch AdamW; the memory-efficient optimizers keep the weight itself in BF16.
+        self.param_dtype = required_param_dtype(cfg.optimizer.name)
         tcfg = transformer_config(
             self.size,
             tp=info.tp,
             sequence_parallel=cfg.parallel.sequence_parallel,
-            params_dtype=torch.float32,
+            params_dtype=self.param_dtype,
             init_std=cfg.model.init_std,
             recompute=cfg.model.recompute,
             cpu_init=cfg.model.cpu_init,
@@ -128,14 +132,16 @@ class Trainer:
             signal.signal(sig, self._on_signal)
 
     def _build_optimizer(self, groups):
-        st, oc = self.cfg.stage, self.cfg.optimizer
-        if oc.name != "adamw":
-            from infir.optim import build_optimizer
+        """`optimizer=` by name from infir.optim's registry (torch AdamW for `adamw`).
 
-            return build_optimizer(oc.name, groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps)
-        return torch.optim.AdamW(
-            groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps, fused=self.device.type == "cuda"
-        )
+        torch AdamW steps on `.grad`, which we point at DDP's FP32 `main_grad`; infir.optim's
+        optimizers read `main_grad` themselves (their params are BF16, so `.grad` cannot hold it).
+        """
+        from infir.optim import build_optimizer
+
+        st, oc = self.cfg.stage, self.cfg.optimizer
+        self.grads_in_dot_grad = oc.name == "adamw"
+        return build_optimizer(oc.name, groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps, **oc.get("kwargs", {}))
 
     def _on_signal(self, signum, frame):
         self._stop_signal = signal.Signals(signum).name
@@ -152,6 +158,7 @@ class Trainer:
             idx = batching.sample_indices(
                 step, micro, global_batch=st.global_batch, micro_batch=st.micro_batch, dp=info.dp,
                 dp_rank=info.dp_rank, num_samples=len(self.train_ds), seed=self.cfg.seed,
+                shuffle=not getattr(self.train_ds, "sequential", False),
             )
             out.append(batching.to_model_inputs(batching.collate([self.train_ds[i] for i in idx]), self.device))
         return out
@@ -184,14 +191,22 @@ class Trainer:
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if finite:
             clip = self.cfg.stage.grad_clip
-            for p in self.params:
-                p.grad = p.main_grad
+            if self.grads_in_dot_grad:
+                for p in self.params:
+                    p.grad = p.main_grad
             if clip and grad_norm > clip:
-                torch._foreach_mul_([p.grad for p in self.params], clip / (grad_norm + 1e-6))
+                coef = clip / (grad_norm + 1e-6)
+                if getattr(self.optimizer, "defaults", {}).get("fused") and self.grads_in_dot_grad:
+                    # torch's fused Adam divides the gradients by `grad_scale` inside its kernel:
+                    # the clip costs no extra pass over the gradients.
+                    self.optimizer.grad_scale = torch.full((), 1.0 / coef, device=self.device)
+                else:
+                    torch._foreach_mul_([p.main_grad for p in self.params], coef)
             lr = self.lr(step)
             for g in self.optimizer.param_groups:
                 g["lr"] = lr
             self.optimizer.step()
+            self.optimizer.grad_scale = None
             for p in self.params:
                 p.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
             self.recipe.after_optimizer_step(self.model.module, lr)

@@ -107,3 +107,21 @@ def test_a_split_without_validation_documents_is_refused(built):
     phase = load_spec(built / "spec.yaml")[0]
     with pytest.raises(ValueError, match="20 documents.*validation part with none"):
         build_phase_datasets(phase, 16, DEMO_TOKENIZER, global_batch=8, valid_samples=10, split="99,1,0")
+
+
+def test_a_resolved_mixture_file_runs_its_phases_in_order(built):
+    from infir.data.pretrain import build_pretrain_datasets
+
+    out = built / "resolved_for_phases.yaml"
+    assert prep_main(["mixture", "--spec", str(built / "spec.yaml"), "--output", str(out)]) == 0
+    phases = load_resolved(out)
+    train, valid = build_pretrain_datasets(out, 16, DEMO_TOKENIZER, train_samples=20_000, valid_samples=10,
+                                           split="90,10,0", cache_dir=built / "cache")
+    assert train.sequential and len(train) == 20_000 and valid is not None
+    assert [(n, a, b) for n, a, b in train.phase_bounds] == [("general", 0, 10_000), ("reasoning", 10_000, 20_000)]
+    for (name, start, end), phase in zip(train.phase_bounds, phases):
+        ids = Counter(int(train[i]["dataset_id"]) for i in range(start, end))
+        for j, source in enumerate(phase.sources):
+            assert abs(ids[j] / (end - start) - source.weight) < 0.01, (name, source.name)
+    with pytest.raises(IndexError):
+        train[20_000]

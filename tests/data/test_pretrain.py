@@ -130,7 +130,7 @@ def test_a_failed_shard_keeps_the_finished_ones_and_a_rerun_resumes(tmp_path, do
     assert (tmp_path / "o.bin").read_bytes() == (tmp_path / "clean.bin").read_bytes()
 
 
-def test_shards_of_another_tokenizer_are_refused(tmp_path, docs, qwen_tokenizer_dir):
+def test_shards_of_another_tokenizer_are_refused(tmp_path, docs):
     src = _write_jsonl(tmp_path / "a.jsonl", docs[:5])
     (tmp_path / "o.shards").mkdir()
     (tmp_path / "o.shards" / "fingerprint.json").write_text('{"tokenizer": "something else"}')
@@ -174,3 +174,19 @@ def test_cli_pretrain_and_its_errors(tmp_path, docs, capsys):
     assert prep_main(["pretrain", "--input", str(tmp_path / "x.csv"), "--output", str(tmp_path / "r"),
                       "--tokenizer", str(DEMO_TOKENIZER)]) == 2
     assert "unsupported input format" in capsys.readouterr().err
+
+
+def test_parquet_row_group_shards_keep_order_and_row_numbers(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from infir.data.sources import iter_texts, plan_shards
+
+    texts = [f"document {i}" if i % 97 else None for i in range(1000)]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "p.parquet", row_group_size=128)
+    shards = plan_shards(tmp_path / "p.parquet", target_bytes=1 << 20, target_rows=300)
+    assert len(shards) == 3 and sum(s.size for s in shards) == 1000
+    records = [r for s in shards for r in iter_texts(s, "text")]
+    assert [r.line for r in records] == list(range(1, 1001))
+    assert [r.value for r in records if r.skip is None] == [t for t in texts if t is not None]
+    assert {r.line for r in records if r.skip} == {i + 1 for i, t in enumerate(texts) if t is None}
