@@ -130,29 +130,41 @@ class Fp8LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        (weight,) = ctx.saved_tensors
-        recipe = ctx.recipe
-        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        qdy, qdyt = quantize_operand(dy2, recipe.grad, recipe, rows=need_dgrad, cols=need_wgrad)
-        dx = dw = db = None
-        if need_dgrad:
-            _, qwt = ctx.cache.get(weight, recipe, need_t=True)
-            dx = fp8_gemm(qdy, qwt, out_dtype=ctx.x_dtype, backend=ctx.backend).reshape(ctx.x_shape)
-        if need_wgrad:
-            # FP32 out where the gradient is accumulated in FP32 (main_grad, FP32 weights); a bf16
-            # weight without main_grad is accumulated in bf16 by autograd anyway, so the GEMM writes
-            # bf16 directly (it accumulates in FP32 inside either way)
-            main_grad = getattr(weight, "main_grad", None)
-            out_dtype = torch.float32 if main_grad is not None else weight.dtype
-            dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=out_dtype, backend=ctx.backend)
-            if main_grad is not None:
-                main_grad.add_(dw)
-                dw = None
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(ctx.bias_dtype)
-        ctx.qxt = None
+        dx2, dw, db = fp8_backward(ctx, dy)
+        dx = dx2.reshape(ctx.x_shape) if dx2 is not None else None
         return dx, dw, db, None, None, None
+
+
+def fp8_backward(ctx, dy: torch.Tensor):
+    """dgrad and wgrad of an FP8 linear from its autograd ctx: (dX as [M, K] or None, dW or None, db or None).
+
+    ctx holds: recipe, cache (the WeightCache), backend, qxt (X^T quantized along the tokens), x_dtype,
+    has_bias, bias_dtype, needs_input_grad and the saved weight. Shared by Fp8LinearFunction and by
+    layers that wrap communication around the same GEMMs (the sequence-parallel column linear).
+    """
+    (weight,) = ctx.saved_tensors
+    recipe = ctx.recipe
+    need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    dy2 = dy.reshape(-1, dy.shape[-1])
+    qdy, qdyt = quantize_operand(dy2, recipe.grad, recipe, rows=need_dgrad, cols=need_wgrad)
+    dx = dw = db = None
+    if need_dgrad:
+        _, qwt = ctx.cache.get(weight, recipe, need_t=True)
+        dx = fp8_gemm(qdy, qwt, out_dtype=ctx.x_dtype, backend=ctx.backend)
+    if need_wgrad:
+        # FP32 out where the gradient is accumulated in FP32 (main_grad, FP32 weights); a bf16
+        # weight without main_grad is accumulated in bf16 by autograd anyway, so the GEMM writes
+        # bf16 directly (it accumulates in FP32 inside either way)
+        main_grad = getattr(weight, "main_grad", None)
+        out_dtype = torch.float32 if main_grad is not None else weight.dtype
+        dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=out_dtype, backend=ctx.backend)
+        if main_grad is not None:
+            main_grad.add_(dw)
+            dw = None
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        db = dy2.float().sum(0).to(ctx.bias_dtype)
+    ctx.qxt = None
+    return dx, dw, db
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -29,7 +29,7 @@ from infir.fp8 import WeightCache, get_recipe
 from infir.fp8 import linear as fp8_linear
 from infir.fp8.formats import get_format
 from infir.fp8.gemm import fp8_gemm
-from infir.fp8.linear import quantize_operand
+from infir.fp8.linear import fp8_backward, quantize_operand
 from infir.fp8.formats import scale_from_amax
 from infir.fp8.quantize import QTensor
 from infir.model.linears import ColumnLinear, RowLinear, column_input
@@ -152,7 +152,7 @@ class Fp8GatheredColumn(torch.autograd.Function):
         y = fp8_gemm(qx, qw, out_dtype=x.dtype)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        ctx.recipe, ctx.cache, ctx.group = recipe, cache, group
+        ctx.recipe, ctx.cache, ctx.group, ctx.backend = recipe, cache, group, "auto"
         ctx.x_shape, ctx.x_dtype, ctx.has_bias = x.shape, x.dtype, bias is not None
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(weight)
@@ -161,27 +161,12 @@ class Fp8GatheredColumn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        (weight,) = ctx.saved_tensors
-        recipe = ctx.recipe
-        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        dy2 = dy.reshape(-1, dy.shape[-1])
-        qdy, qdyt = quantize_operand(dy2, recipe.grad, recipe, rows=need_dgrad, cols=need_wgrad)
-        dx = dw = db = None
-        if need_dgrad:
-            _, qwt = ctx.cache.get(weight, recipe, need_t=True)
-            full = fp8_gemm(qdy, qwt, out_dtype=ctx.x_dtype)
+        full, dw, db = fp8_backward(ctx, dy)
+        dx = None
+        if full is not None:  # this rank's partial dX of the whole sequence -> summed, scattered back
             dx = torch.empty((full.shape[0] // dist.get_world_size(ctx.group), full.shape[1]), dtype=full.dtype, device=full.device)
             dist.reduce_scatter_tensor(dx, full.contiguous(), group=ctx.group)
             dx = dx.reshape(ctx.x_shape)
-        if need_wgrad:
-            main_grad = getattr(weight, "main_grad", None)
-            dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=torch.float32 if main_grad is not None else weight.dtype)
-            if main_grad is not None:
-                main_grad.add_(dw)
-                dw = None
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.float().sum(0).to(ctx.bias_dtype)
-        ctx.qxt = None
         return dx, dw, db, None, None, None
 
 

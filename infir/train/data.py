@@ -34,9 +34,9 @@ def _sources(cfg, info) -> tuple[object, object]:
         from infir.data.demo import ensure_demo_data
 
         if info.is_main:
-            ensure_demo_data(Path(cfg.data.root))
+            ensure_demo_data(Path(cfg.data.root).resolve())
         dist.barrier()
-        paths = ensure_demo_data(Path(cfg.data.root))
+        paths = ensure_demo_data(Path(cfg.data.root).resolve())
         return paths[name], paths.get(f"{name}_valid")
     sources = cfg.data.sources or {}
     if name not in sources or sources[name] in (None, "???"):
