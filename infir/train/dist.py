@@ -48,13 +48,15 @@ def init(tp: int, device_choice: str = "auto", timeout_s: int = 600) -> DistInfo
     if world % tp:
         raise ValueError(f"parallel.tp={tp} does not divide the number of processes ({world}); launch tp x dp processes")
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()) if world == 1 else "29500")
+        # A single process without torchrun rendezvous in memory: no port, and nothing written to
+        # os.environ that a later child process would inherit.
+        rendezvous = {"store": dist.HashStore()} if world == 1 and "MASTER_ADDR" not in os.environ else {}
         dist.init_process_group(
             "nccl" if device.type == "cuda" else "gloo",
             rank=rank,
             world_size=world,
             timeout=datetime.timedelta(seconds=timeout_s),
+            **rendezvous,
             **({"device_id": device} if device.type == "cuda" else {}),
         )
     if not ps.model_parallel_is_initialized():
@@ -79,10 +81,3 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

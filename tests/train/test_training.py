@@ -37,7 +37,8 @@ def test_killed_run_resumes_on_the_same_loss_curve(demo_root, tmp_path):
     run_train(demo(demo_root, tmp_path / "whole", *args))
     # The same run, SIGKILLed after its step-8 checkpoint (mid-way to the next), then restarted.
     run_dir = tmp_path / "killed"
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(train_cmd(demo(demo_root, run_dir, *args)), cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300

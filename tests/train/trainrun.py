@@ -25,7 +25,8 @@ def train_cmd(overrides: list[str], nproc: int = 1) -> list[str]:
 
 
 def run_train(overrides: list[str], nproc: int = 1, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(train_cmd(overrides, nproc), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"infir-train failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
