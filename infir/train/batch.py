@@ -45,13 +45,13 @@ def collate(samples: list[dict]) -> dict[str, torch.Tensor]:
 def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """Megatron-convention mask [b, 1, s, s], True = masked out: causal, and no attention across samples.
 
-    With the block-diagonal mask, RoPE needs no position reset: attention inside one sample depends only
-    on relative positions, which are the same whether positions restart at the sample or not.
+    The data side's mask (True = may attend, SDPA's convention) inverted. With the block-diagonal mask,
+    RoPE needs no position reset: attention inside one sample depends only on relative positions,
+    which are the same whether positions restart at the sample or not.
     """
-    s = segment_ids.shape[-1]
-    causal = torch.ones(s, s, dtype=torch.bool, device=segment_ids.device).tril()
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return ~(causal & same)[:, None]
+    from infir.data.sft import packed_attention_mask
+
+    return ~packed_attention_mask(segment_ids)[:, None]
 
 
 def to_model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict:

@@ -108,3 +108,34 @@ def test_demo_default_writes_checkpoint_metrics_and_plot(demo_root, tmp_path):
     assert s["status"] == "finished" and s["run_name"] == "tiny-bf16-cpt"
     assert "val_loss" in s and math.isfinite(s["val_loss"])
     assert ckpt_format.resolve(run_dir).name == "iter_0000030"
+
+
+def test_sft_stage_starts_from_the_cpt_checkpoint_on_packed_samples(demo_root, tmp_path):
+    """stage=sft1 reads packed chat samples (block-diagonal attention, loss on assistant tokens only)."""
+    cpt, sft = tmp_path / "cpt", tmp_path / "sft1"
+    run_train(demo(demo_root, cpt, "stage.iters=6"))
+    out = run_train(demo(demo_root, sft, "stage=sft1", "stage.iters=6", f"init_from={cpt}"))
+    assert "initialised weights from" in out.stdout and "iter_0000006" in out.stdout
+    curve = losses(sft)
+    assert sorted(curve) == list(range(1, 7)) and curve[6] < curve[1]
+    assert summary(sft)["stage"] == "sft1"
+
+
+def test_packed_mask_keeps_samples_apart_through_the_attention_core():
+    """The trainer's mask through SDPAttention equals attending each packed sample on its own."""
+    import torch
+
+    from infir.model.attention import SDPAttention
+    from infir.model.qwen import get_size, transformer_config
+    from infir.train.batch import attention_mask
+
+    cfg = transformer_config(get_size("tiny"))
+    attn = SDPAttention(cfg, layer_number=1, attn_mask_type=None, attention_type="self")
+    s, heads, d = 10, cfg.num_attention_heads, cfg.kv_channels
+    q = torch.randn(s, 1, heads, d)
+    k, v = torch.randn(s, 1, cfg.num_query_groups, d), torch.randn(s, 1, cfg.num_query_groups, d)
+    seg = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 2, 2, 2]])
+    packed = attn(q, k, v, attention_mask(seg))
+    for lo, hi in ((0, 4), (4, 7), (7, 10)):
+        alone = attn(q[lo:hi], k[lo:hi], v[lo:hi], None)
+        torch.testing.assert_close(packed[lo:hi], alone)
