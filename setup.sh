@@ -11,6 +11,9 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -m pip install -q "torch==2.13.0" || "$PY" -m pip install -q --index-url https://download.pytorch.org/whl/cpu torch
 fi
 "$PY" -m pip install -q -e ".[dev]"
+# pyenv-managed Pythons reach new console scripts (infir-train, ...) through shims made by a rehash.
+command -v infir-train >/dev/null || { command -v pyenv >/dev/null && pyenv rehash; } || true
+command -v infir-train >/dev/null || echo "setup.sh: infir-train is not on PATH; add $("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))') to PATH" >&2
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=""
   command -v bwrap >/dev/null || missing="$missing bubblewrap"
