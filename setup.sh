@@ -5,6 +5,7 @@
 #   - Debian tools the tests use when root and apt-get exist: bubblewrap (the code-execution sandbox of
 #     infir-eval) and chromium (renders the infir-compare report in a test).
 set -euo pipefail
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" 2>/dev/null; then
