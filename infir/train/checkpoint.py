@@ -68,7 +68,7 @@ def find_resume(ckpt_root: Path) -> Path | None:
     return fmt.resolve(ckpt_root) if (Path(ckpt_root) / fmt.LATEST).exists() else None
 
 
-def load_weights(iter_dir: Path, model, info, *, strict: bool = True) -> dict:
+def load_weights(iter_dir: Path, model, info) -> dict:
     """Load this TP rank's model shard; the checkpoint must have been written at the same TP size."""
     meta = fmt.read_meta(iter_dir)
     if meta["tp"] != info.tp:
@@ -79,7 +79,7 @@ def load_weights(iter_dir: Path, model, info, *, strict: bool = True) -> dict:
     state = fmt.load_shard(iter_dir, info.tp_rank)
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
-    if strict and (missing or unexpected):
+    if missing or unexpected:
         raise ValueError(f"{iter_dir} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]} (is model= the same size?)")
     return meta
 

@@ -333,7 +333,7 @@ class Trainer:
     def _throughput(self, steps: int, seconds: float) -> dict:
         tps = steps * self.tokens_per_step / max(seconds, 1e-9)
         tflops = tps * self.flops_per_token / 1e12
-        rec = {"tokens_per_s": tps, "tflops": tflops, "mfu": tflops / self.peak if self.peak else None, "elapsed_s": time.time() - self.log._start}
+        rec = {"tokens_per_s": tps, "tflops": tflops, "mfu": tflops / self.peak if self.peak else None, "elapsed_s": time.time() - self.log.start_time}
         rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
         self._last_rates = rec
         return rec

@@ -33,7 +33,7 @@ class RunLogger:
         self.enabled = enabled
         self.run_dir = Path(run_dir)
         self.wandb = None
-        self._start = time.time()
+        self.start_time = time.time()
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
