@@ -13,6 +13,9 @@ Sections
      against the same optimizer with its states on the GPU.
   C  a Qwen2 7B training step on one GPU with states offloaded to pinned host memory and the
      step inside the last backward (gradient release): peak GPU memory.
+  K  (not in the default set) FlashAdamW kernel variants over the same 1.54B shapes: one launch
+     per tensor vs one multi-tensor launch, tile rows, warps, IEEE vs reciprocal division; each
+     variant's result is compared bit for bit with the first one's, from the same start state.
 """
 import argparse
 import datetime
@@ -152,6 +155,99 @@ def section_a(shapes, device, clock, reps):
     return lines
 
 
+# --- K: FlashAdamW kernel variants -----------------------------------------------------------------
+K_VARIANTS = [  # (label, multi-tensor launch, rows, num_warps, fast_div)
+    ("per-tensor launches, IEEE div (the old kernel)", False, 32, 4, False),
+    ("per-tensor launches, rows 32, 4 warps, reciprocal div", False, 32, 4, True),
+    ("per-tensor launches, rows 16, 4 warps, reciprocal div", False, 16, 4, True),
+    ("per-tensor launches, rows 16, 2 warps, reciprocal div", False, 16, 2, True),
+    ("per-tensor launches, rows 8, 2 warps, reciprocal div", False, 8, 2, True),
+    ("multi-tensor, rows 32, 4 warps, reciprocal div", True, 32, 4, True),
+    ("multi-tensor, rows 16, 4 warps, reciprocal div", True, 16, 4, True),
+]
+
+
+def section_k(shapes, device, clock, reps):
+    from infir.optim import FlashAdamW
+    from infir.optim import flash_adamw_triton as fat
+    from infir.optim.adam_math import AdamScalars
+    free_all()
+    n = sum(torch.Size(s).numel() for s in shapes)
+    gen = torch.Generator(device=device).manual_seed(0)
+    params = [torch.nn.Parameter((torch.randn(s, generator=gen, device=device) * 0.02).bfloat16())
+              for s in shapes]
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=gen, device=device) * 1e-3).bfloat16()
+    opt = FlashAdamW(params, lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    opt.step()  # states hold real codes from here on
+    start = [(p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items() if torch.is_tensor(v)})
+             for p in params]
+    grads = [p.grad for p in params]
+    states = [{k: v for k, v in opt.state[p].items() if torch.is_tensor(v)} for p in params]
+    s = AdamScalars.of(1e-4, 0.9, 0.95, 1e-8, 0.1, 2)
+
+    def restore():
+        for p, (w, st) in zip(params, start):
+            p.data.copy_(w)
+            for k, v in st.items():
+                opt.state[p][k].copy_(v)
+
+    if device.type == "cuda":
+        big = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+        out = torch.empty_like(big)
+        copy_s = clock.time(lambda: out.copy_(big), 2, 10)
+        bw = 2 * (1 << 30) / copy_s
+        del big, out
+    else:
+        bw = float("nan")
+    moved = sum(p.numel() * 12 + 8 * ((p.numel() + 31) // 32) for p in params)  # bytes read+written
+    lines = [f"### K. FlashAdamW kernel variants, {n / 1e9:.3f}B params in {len(params)} tensors "
+             f"(bf16 weights and grads)", "",
+             f"device copy bandwidth (read+write): {bw / 1e9:.0f} GB/s; the step moves "
+             f"{moved / n:.2f} B/param: floor {moved / bw * 1e3:.1f} ms", "",
+             "| variant | step ms | GB/s | % of copy BW | bits vs first variant |", "|---|---|---|---|---|"]
+    ref, best = None, None
+    for label, multi, rows, warps, fast in K_VARIANTS:
+        try:
+            plan = [None]
+
+            def run():
+                if multi:
+                    plan[0] = fat.flash_adamw_multi_(params, grads, states, s, plan[0], rows=rows,
+                                                     num_warps=warps, fast_div=fast)
+                else:
+                    for p, g, st in zip(params, grads, states):
+                        fat.flash_adamw_triton_(p, g, st.get("correction"), st["m_codes"],
+                                                st["m_scales"], st["v_codes"], st["v_scales"], s,
+                                                rows=rows, num_warps=warps, fast_div=fast)
+            restore()
+            run()
+            result = [(p.detach().clone(), {k: v.clone() for k, v in st.items()})
+                      for p, st in zip(params, states)]
+            if ref is None:
+                ref, same = result, "reference"
+            else:
+                same = "identical" if all(
+                    torch.equal(a.view(torch.int16), b.view(torch.int16)) and
+                    all(torch.equal(sa[k].view(torch.uint8), sb[k].view(torch.uint8)) for k in sa)
+                    for (a, sa), (b, sb) in zip(ref, result)) else "DIFFERENT"
+            del result
+            t = clock.time(run, warmup=2, reps=reps)
+            if same != "DIFFERENT" and (best is None or t < best[0]):
+                best = (t, label, multi, rows, warps, fast)
+            lines.append(f"| {label} | {t * 1e3:.2f} | {moved / t / 1e9:.0f} | "
+                         f"{moved / t / bw * 100:.0f} | {same} |")
+        except Exception as e:
+            lines.append(f"| {label} | failed: {type(e).__name__}: {str(e)[:120]} | | | |")
+        print(lines[-1], flush=True)
+    lines.append(f"\nalignment hint compiled: {fat._ALIGN_HINT_WORKS}")
+    if best is not None:  # the sections after this one step FlashAdamW with the fastest variant
+        _, label, fat.MULTI_TENSOR, fat.ROWS, fat.NUM_WARPS, fat.FAST_DIV = best
+        lines.append(f"sections run after K use the fastest variant: {label}")
+    del params, opt, start, ref, grads, states
+    return lines
+
+
 # --- B and C: training steps of a Qwen2 model ----------------------------------------------------
 def build_qwen(cfg: dict, device, checkpointing: bool):
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -163,6 +259,26 @@ def build_qwen(cfg: dict, device, checkpointing: bool):
         enable()
     model.train()
     return model
+
+
+def host_timer(opt) -> list:
+    """Accumulates the host seconds spent inside opt.step() and the step-in-backward hooks'
+    step_param calls (a list of one float, read after timing)."""
+    total, depth = [0.0], [0]
+    for name in ("step", "step_param"):
+        inner = getattr(opt, name)
+
+        def timed(*a, _inner=inner, **k):
+            depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return _inner(*a, **k)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:  # step() calls step_param(): count the outer call only
+                    total[0] += time.perf_counter() - t
+        setattr(opt, name, timed)
+    return total
 
 
 def train_step_fn(model, opt, batches, handle):
@@ -199,19 +315,21 @@ def section_b(cfg, device, clock, micro, seq, accum, reps):
             model = build_qwen(cfg, device, checkpointing=False)
             n = sum(p.numel() for p in model.parameters())
             opt = make_optimizer(name, model.parameters(), **kw)
+            host = host_timer(opt)
             handle = enable_step_in_backward(opt, model) if in_bw else None
             t = clock.time(train_step_fn(model, opt, batches, handle), warmup=1, reps=reps)
             peak = torch.cuda.max_memory_allocated(device) / GiB if device.type == "cuda" else 0
             times[label] = t
             over = f"{(t / times[base] - 1) * 100:+.1f}%" if base in times else "-"
-            lines.append(f"| {label} | {t * 1e3:.0f} | {over} | {peak:.1f} | {start:.2f} |")
+            lines.append(f"| {label} | {t * 1e3:.0f} | {over} | {peak:.1f} | {start:.2f} | "
+                         f"{host[0] / (1 + reps) * 1e3:.1f} |")
             del model, opt, handle
         except Exception as e:
-            lines.append(f"| {label} | failed: {type(e).__name__}: {str(e)[:80]} | | | |")
+            lines.append(f"| {label} | failed: {type(e).__name__}: {str(e)[:80]} | | | | |")
     head = [f"### B. Qwen2 1.5B training step ({(n or 0) / 1e9:.2f}B params, random init), "
             f"{accum} micro-batches x {micro}x{seq} tokens = {accum * micro * seq} tokens/step",
-            "", "| optimizer | step ms | offload overhead | peak GPU GiB | GiB held at start |",
-            "|---|---|---|---|---|"]
+            "", "| optimizer | step ms | offload overhead | peak GPU GiB | GiB held at start "
+            "| host ms in optimizer calls |", "|---|---|---|---|---|---|"]
     return head + lines
 
 
@@ -289,6 +407,7 @@ def main(argv=None):
         "A": lambda: section_a(qwen_param_shapes(small), device, clock, args.reps),
         "B": lambda: section_b(small, device, clock, args.micro, seq, args.accum, max(2, args.reps // 2)),
         "C": lambda: section_c(big, device, clock, 1, seq, 2, checkpointing=True),
+        "K": lambda: section_k(qwen_param_shapes(small), device, clock, args.reps),
     }
     for key in args.sections:
         part = sections[key]() + [""]

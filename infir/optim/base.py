@@ -65,20 +65,26 @@ class PerParamOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p not in self._stepped_in_backward:
-                    self.step_param(p, group)
+        todo = [(p, group) for group in self.param_groups for p in group["params"]
+                if p not in self._stepped_in_backward]
+        self._step_many(todo)
         self._stepped_in_backward.clear()
         if self._offloader is not None:
             self._offloader.finish()
         return loss
 
-    @torch.no_grad()
-    def step_param(self, p: torch.Tensor, group: dict) -> None:
+    def _step_many(self, todo: list) -> None:
+        """Step every (param, group) of ``todo``; a subclass may batch them into fewer launches
+        (FlashAdamW does), as long as the result is the one of ``step_param`` in order."""
+        for p, group in todo:
+            self.step_param(p, group)
+
+    def _begin(self, p: torch.Tensor, group: dict):
+        """Bookkeeping of one param's step: (grad, state tensors, scalars, seed), or None when
+        the param has no gradient. Counts the step."""
         grad = self.grad_of(p)
         if grad is None:
-            return
+            return None
         if grad.shape != p.shape:
             raise ValueError(f"gradient of shape {tuple(grad.shape)} for a param of shape "
                              f"{tuple(p.shape)}")
@@ -86,7 +92,7 @@ class PerParamOptimizer(torch.optim.Optimizer):
         if not state:
             state.update(self._init_state(p))
             if self._offloader is not None:
-                state.update({k: self._offloader.to_host(v) for k, v in state.items()})
+                state.update(self._offloader.to_host_packed(state))
             state["step"] = 0
         state["step"] += 1
         beta1, beta2 = group["betas"]
@@ -94,6 +100,14 @@ class PerParamOptimizer(torch.optim.Optimizer):
                      state["step"])
         seed = hash((self.seed, state["step"], self._index[p])) & 0x7FFF_FFFF
         tensors = {k: v for k, v in state.items() if k != "step"}
+        return grad, tensors, s, seed
+
+    @torch.no_grad()
+    def step_param(self, p: torch.Tensor, group: dict) -> None:
+        begun = self._begin(p, group)
+        if begun is None:
+            return
+        grad, tensors, s, seed = begun
         if self._offloader is None:
             self._update(p, grad, tensors, group, s, seed)
         else:
@@ -125,9 +139,12 @@ class PerParamOptimizer(torch.optim.Optimizer):
         self.state = defaultdict(dict)
         for i, saved in state_dict["state"].items():
             p = by_id[i]
-            place = (self._offloader.to_host if self._offloader is not None
-                     else (lambda t, p=p: t.to(p.device)))
-            self.state[p] = {k: place(v.clone()) if torch.is_tensor(v) else v
-                             for k, v in saved.items()}
+            if self._offloader is not None:
+                tensors = {k: v for k, v in saved.items() if torch.is_tensor(v)}
+                self.state[p] = {k: v for k, v in saved.items() if not torch.is_tensor(v)}
+                self.state[p].update(self._offloader.to_host_packed(tensors))
+            else:
+                self.state[p] = {k: v.clone().to(p.device) if torch.is_tensor(v) else v
+                                 for k, v in saved.items()}
         for sg, g in zip(saved_groups, self.param_groups):
             g.update({k: v for k, v in sg.items() if k != "params"})

@@ -144,3 +144,26 @@ def test_registry_names_dtypes_and_errors():
         build_optimizer("adam8bit", model.parameters())
     with pytest.raises(TypeError, match="cast the model"):
         build_optimizer("adamw", model.parameters())
+
+
+@pytest.mark.parametrize("cls", [FlashAdamW, SRAdamW])
+def test_offloaded_states_are_packed_in_one_host_buffer_per_param(cls):
+    """One buffer per param: a step moves it with one H2D and one D2H copy. A checkpoint
+    reload packs the states again, with the same bits."""
+    from infir.optim.offload import StateOffloader
+    model = _model()
+    opt = cls(model.parameters(), lr=1e-2, fused=False, offload=True)
+    _loss(model, _batches(1)[0]).backward()
+    opt.step()
+    for p in model.parameters():
+        tensors = {k: v for k, v in opt.state[p].items() if torch.is_tensor(v)}
+        buf = StateOffloader._packed_buffer(tensors)
+        assert buf is not None and buf.numel() >= sum(t.numel() * t.element_size()
+                                                      for t in tensors.values())
+    opt2 = cls(model.parameters(), lr=1e-2, fused=False, offload=True)
+    opt2.load_state_dict(opt.state_dict())
+    for p in model.parameters():
+        tensors = {k: v for k, v in opt2.state[p].items() if torch.is_tensor(v)}
+        assert StateOffloader._packed_buffer(tensors) is not None
+        for k, v in tensors.items():
+            assert v.dtype == opt.state[p][k].dtype and torch.equal(v, opt.state[p][k])
