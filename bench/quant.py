@@ -1,68 +1,220 @@
-"""FP8 quantization kernels: time and HBM bandwidth at 16k x 8192 bf16 (and other sizes).
+"""FP8 quantization kernels: time and HBM bandwidth at 16k x 8192 bf16 (and other sizes), and the
+host cost of one wrapper call.
 
 Bytes counted: each input read once plus each output (FP8 data, scales) written once, the
-fewest any implementation must move; the percentage is of the measured copy bandwidth.
+fewest any implementation must move; the percentage is of the measured copy bandwidth. The
+just-in-time per-tensor quantizer must read X twice (amax pass, then quantize pass: the scale of
+the first element depends on the last), so its row counts 2 reads + 1 write.
+
+--host: microseconds of host time per call, 1000 calls on a 256x256 tensor without synchronizing
+(the GPU work is a few microseconds, so the host is the bottleneck: this is what a host-bound
+training step pays per quantization).
+--sweep: every kernel configuration / quotient algorithm, timed at each shape (tuning).
+--old PATH: also time an older kernels/quant.py (before/after comparisons in one run).
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import base_parser, bench_ms, copy_bandwidth_gbs, emit, markdown_table  # noqa: E402
 from infir.fp8 import kernels as kn  # noqa: E402
+from infir.fp8.kernels import quant as kq  # noqa: E402
 
 
-def cases(x):
+def load_old(path):
+    spec = importlib.util.spec_from_file_location("infir.fp8.kernels._quant_old", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cases(x, k=kn):
     M, K = x.shape
     n = M * K
     read = 2 * n
+    one = torch.ones((), device=x.device)
     return [
-        ("token 1x128 (X along K)", lambda: kn.quantize_token_triton(x), read + n + 4 * n // 128),
-        ("token 128x1 along M, written transposed (X^T)", lambda: kn.quantize_token_triton(x, rows=False, cols=True),
+        ("token 1x128 (X along K)", lambda: k.quantize_token_triton(x), read + n + 4 * n // 128),
+        ("token 128x1 along M, written transposed (X^T)", lambda: k.quantize_token_triton(x, rows=False, cols=True),
          read + n + 4 * n // 128),
-        ("token both layouts (one launch, autotuned: fused or split)", lambda: kn.quantize_token_triton(x, rows=True, cols=True),
+        ("token both layouts (X and X^T, one launch)", lambda: k.quantize_token_triton(x, rows=True, cols=True),
          read + 2 * n + 8 * n // 128),
-        ("block 128x128 (W)", lambda: kn.quantize_block_triton(x), read + n + 4 * n // 16384),
-        ("block 128x128 + W^T bytes", lambda: kn.quantize_block_triton(x, transpose=True), read + 2 * n + 4 * n // 16384),
-        ("two_level (MOSS, 32)", lambda: kn.quantize_two_level_triton(x), read + n + 5 * n // 32 + 4 * M),
-        ("two_level folded (MOSS GEMM operand)", lambda: kn.quantize_two_level_triton(x, fold=True), read + n + 4 * M),
-        ("tensor JIT (amax + quantize)", lambda: kn.quantize_tensor_triton(x, "fp32"), read + n),
-        ("tensor, given scale (autoscale)", lambda: kn.quantize_tensor_triton(x, "fp32", scale=torch.ones((), device=x.device)),
-         read + n),
+        ("block 128x128 (W)", lambda: k.quantize_block_triton(x), read + n + 4 * n // 16384),
+        ("block 128x128 + W^T bytes", lambda: k.quantize_block_triton(x, transpose=True), read + 2 * n + 8 * n // 16384),
+        ("two_level (MOSS, 32)", lambda: k.quantize_two_level_triton(x), read + n + 5 * n // 32 + 4 * M),
+        ("two_level folded (MOSS GEMM operand)", lambda: k.quantize_two_level_triton(x, fold=True), read + n + 4 * M),
+        ("tensor JIT (amax + quantize: 2 reads + 1 write)", lambda: k.quantize_tensor_triton(x, "fp32"), 2 * read + n),
+        ("tensor, given scale (autoscale)", lambda: k.quantize_tensor_triton(x, "fp32", scale=one), read + n),
     ]
+
+
+def host_cases(x, k=kn):
+    one = torch.ones((), device=x.device)
+    w = x
+    return [
+        ("quantize_token_triton(x, rows=True, cols=True)", lambda: k.quantize_token_triton(x, rows=True, cols=True)),
+        ("quantize_token_triton(x)", lambda: k.quantize_token_triton(x)),
+        ("quantize_block_triton(w, transpose=True)", lambda: k.quantize_block_triton(w, transpose=True)),
+        ("quantize_two_level_triton(x, fold=True)", lambda: k.quantize_two_level_triton(x, fold=True)),
+        ("quantize_tensor_triton(x) (JIT)", lambda: k.quantize_tensor_triton(x)),
+        ("quantize_tensor_triton(x, scale=s)", lambda: k.quantize_tensor_triton(x, scale=one)),
+    ]
+
+
+def host_us(fn, n=1000, repeats=5):
+    """Host microseconds per call, n calls without synchronizing (median of `repeats` runs)."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        times.append((time.perf_counter() - t0) / n * 1e6)
+        torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
+
+
+def sweep_variants():
+    """(name, setup) pairs: setup() changes kq's defaults; the cache is cleared after it."""
+    out = []
+
+    def cfg(name, **kw):
+        def setup():
+            kq._DEFAULT_CFG[name] = dict(kw)
+        return setup
+
+    for c in kq._BOTH_CONFIGS:
+        out.append(("both " + ",".join(f"{k}={v}" for k, v in c.items()), "both", cfg("both", **c)))
+    for c in kq._COLS_CONFIGS:
+        out.append(("cols " + ",".join(f"{k}={v}" for k, v in c.items()), "cols", cfg("cols", **c)))
+    for w in (2, 4, 8):
+        out.append((f"rows num_warps={w}", "rows", cfg("rows", num_warps=w)))
+    for w in (4, 8, 16):
+        out.append((f"block num_warps={w}", "block", cfg("block", num_warps=w)))
+    for bm, bk in ((32, 128), (64, 128), (128, 128), (32, 256)):
+        for w in (4, 8):
+            out.append((f"scalar BM={bm},BK={bk},num_warps={w}", "scalar", cfg("scalar", BM=bm, BK=bk, num_warps=w)))
+    for blk, w, ps in ((4096, 8, 4), (8192, 8, 4), (4096, 4, 8), (2048, 4, 8)):
+        out.append((f"amax BLOCK={blk},num_warps={w},per_sm={ps}", "amax", cfg("amax", BLOCK=blk, num_warps=w, per_sm=ps)))
+    return out
+
+
+def sweep_calls(x):
+    one = torch.ones((), device=x.device)
+    return {
+        "both": lambda: kn.quantize_token_triton(x, rows=True, cols=True),
+        "cols": lambda: kn.quantize_token_triton(x, rows=False, cols=True),
+        "rows": lambda: kn.quantize_token_triton(x),
+        "block": lambda: kn.quantize_block_triton(x, transpose=True),
+        "scalar": lambda: kn.quantize_tensor_triton(x, "fp32", scale=one),
+        "amax": lambda: kn.quantize_tensor_triton(x, "fp32"),
+    }
+
+
+def same(a, b):
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, tuple):
+        return all(same(u, v) for u, v in zip(a, b))
+    ok = torch.equal(a.data.view(torch.uint8), b.data.view(torch.uint8)) and torch.equal(a.scale, b.scale)
+    return bool(ok)
+
+
+def run_sweep(shapes, bw, out):
+    import copy
+
+    base = copy.deepcopy(kq._DEFAULT_CFG)
+    kq.AUTOTUNE = False  # time each configuration as set
+    rows = []
+    for shape in shapes:
+        M, K = map(int, shape.split("x"))
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16) * torch.exp(torch.randn(M, K, device="cuda") * 2).bfloat16()
+        nbytes = {c[0]: c[2] for c in cases(x)}
+        calls = sweep_calls(x)
+        byt = {"both": nbytes["token both layouts (X and X^T, one launch)"],
+               "cols": nbytes["token 128x1 along M, written transposed (X^T)"],
+               "rows": nbytes["token 1x128 (X along K)"], "block": nbytes["block 128x128 + W^T bytes"],
+               "scalar": nbytes["tensor, given scale (autoscale)"],
+               "amax": nbytes["tensor JIT (amax + quantize: 2 reads + 1 write)"]}
+        refs = None
+        kq._DEFAULT_CFG.update(copy.deepcopy(base))
+        for div in (0, None):  # the quotient algorithm: div_rn everywhere vs the fast ones
+            kq.DIV_OVERRIDE = div
+            kq.clear_launch_cache()
+            for name, fn, nb in cases(x):
+                ms = bench_ms(fn)
+                rows.append({"shape": shape, "variant": f"DIV={'div_rn' if div == 0 else 'fast'} {name}",
+                             "bits == default": "", "ms": ms, "% of copy BW": 100 * nb / ms / 1e6 / bw})
+                print(rows[-1], flush=True)
+        kq.DIV_OVERRIDE = None
+        kq.clear_launch_cache()
+        refs = {name: fn() for name, fn in calls.items()}
+        for label, name, setup in sweep_variants():
+            kq._DEFAULT_CFG.update(copy.deepcopy(base))
+            setup()
+            kq.clear_launch_cache()
+            ok = same(calls[name](), refs[name])
+            ms = bench_ms(calls[name])
+            rows.append({"shape": shape, "variant": label, "bits == default": ok, "ms": ms,
+                         "% of copy BW": 100 * byt[name] / ms / 1e6 / bw})
+            print(rows[-1], flush=True)
+        for bm, bk, nw in [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 8), (8, 512, 8)]:
+            for fold in (False, True):
+                fn = lambda: kn.quantize_two_level_triton(x, fold=fold, block_m=bm, block_k=bk, num_warps=nw)
+                ms = bench_ms(fn)
+                nb = 3 * M * K + 4 * M + (0 if fold else 5 * M * K // 32)
+                rows.append({"shape": shape, "variant": f"two_level fold={fold} BM={bm},BK={bk},warps={nw}",
+                             "bits == default": same(fn(), kn.quantize_two_level_triton(x, fold=fold)),
+                             "ms": ms, "% of copy BW": 100 * nb / ms / 1e6 / bw})
+                print(rows[-1], flush=True)
+        x = None
+        torch.cuda.empty_cache()
+    emit("FP8 quantization kernels: configuration sweep", [f"measured copy bandwidth (read+write): {bw:.0f} GB/s",
+                                                            markdown_table(rows)], out)
 
 
 def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--shapes", default="16384x8192,8192x3584,8192x18944")
-    p.add_argument("--tune-two-level", action="store_true", help="sweep the two-level kernel's tile sizes")
+    p.add_argument("--host", action="store_true", help="also measure the host cost per call")
+    p.add_argument("--sweep", action="store_true", help="time every kernel configuration instead")
+    p.add_argument("--old", help="path of an older kernels/quant.py to time beside this one")
     args = p.parse_args(argv)
     bw = copy_bandwidth_gbs()
-    if args.tune_two_level:
-        rows = []
-        for shape in args.shapes.split(","):
-            M, K = map(int, shape.split("x"))
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            for bm, bk, nw in [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 8), (8, 512, 8)]:
-                ms = bench_ms(lambda: kn.quantize_two_level_triton(x, fold=True, block_m=bm, block_k=bk, num_warps=nw))
-                gbs = (3 * M * K + 4 * M) / ms / 1e6
-                rows.append({"shape": shape, "BM,BK,warps": f"{bm},{bk},{nw}", "ms": ms, "% of copy BW": 100 * gbs / bw})
-        emit("two-level quantize tile sweep", [markdown_table(rows)], args.out)
+    if args.sweep:
+        run_sweep(args.shapes.split(","), bw, args.out)
         return
+    old = load_old(args.old) if args.old else None
+    impls = [("", kn)] + ([("old ", old)] if old else [])
     rows = []
     for shape in args.shapes.split(","):
         M, K = map(int, shape.split("x"))
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        for name, fn, nbytes in cases(x):
-            ms = bench_ms(fn)
-            gbs = nbytes / ms / 1e6
-            rows.append({"shape (bf16)": shape, "kernel": name, "ms": ms, "GB/s": gbs, "% of copy BW": 100 * gbs / bw})
+        for tag, k in impls:
+            for name, fn, nbytes in cases(x, k):
+                ms = bench_ms(fn)
+                gbs = nbytes / ms / 1e6
+                rows.append({"shape (bf16)": shape, "kernel": tag + name, "ms": ms, "GB/s": gbs, "% of copy BW": 100 * gbs / bw})
         x = None  # free it before the next shape
         torch.cuda.empty_cache()
-    emit("FP8 quantization kernels", [f"measured copy bandwidth (read+write): {bw:.0f} GB/s", markdown_table(rows)], args.out)
+    sections = [f"measured copy bandwidth (read+write): {bw:.0f} GB/s", markdown_table(rows)]
+    if args.host:
+        x = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
+        hrows = []
+        for tag, k in impls:
+            for name, fn in host_cases(x, k):
+                hrows.append({"call (256x256 bf16)": tag + name, "host us/call": host_us(fn)})
+        sections += ["host cost per call (1000 calls without synchronizing, median of 5):", markdown_table(hrows)]
+    emit("FP8 quantization kernels", sections, args.out)
 
 
 if __name__ == "__main__":
