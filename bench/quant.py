@@ -47,7 +47,9 @@ def cases(x, k=kn):
         ("token both layouts (X and X^T, one launch)", lambda: k.quantize_token_triton(x, rows=True, cols=True),
          read + 2 * n + 8 * n // 128),
         ("block 128x128 (W)", lambda: k.quantize_block_triton(x), read + n + 4 * n // 16384),
-        ("block 128x128 + W^T bytes", lambda: k.quantize_block_triton(x, transpose=True), read + 2 * n + 8 * n // 16384),
+        # W^T is W's bytes transposed by torch after the kernel (kernels/quant.py, _W_T_BY_TORCH)
+        ("block 128x128 + W^T (torch transpose)", lambda: k.quantize_block_triton(x, transpose=True),
+         read + 3 * n + 8 * n // 16384),
         ("two_level (MOSS, 32)", lambda: k.quantize_two_level_triton(x), read + n + 5 * n // 32 + 4 * M),
         ("two_level folded (MOSS GEMM operand)", lambda: k.quantize_two_level_triton(x, fold=True), read + n + 4 * M),
         ("tensor JIT (amax + quantize: 2 reads + 1 write)", lambda: k.quantize_tensor_triton(x, "fp32"), 2 * read + n),
@@ -114,7 +116,7 @@ def sweep_calls(x):
         "both": lambda: kn.quantize_token_triton(x, rows=True, cols=True),
         "cols": lambda: kn.quantize_token_triton(x, rows=False, cols=True),
         "rows": lambda: kn.quantize_token_triton(x),
-        "block": lambda: kn.quantize_block_triton(x, transpose=True),
+        "block": lambda: kn.quantize_block_triton(x),
         "scalar": lambda: kn.quantize_tensor_triton(x, "fp32", scale=one),
         "amax": lambda: kn.quantize_tensor_triton(x, "fp32"),
     }
@@ -142,7 +144,7 @@ def run_sweep(shapes, bw, out):
         calls = sweep_calls(x)
         byt = {"both": nbytes["token both layouts (X and X^T, one launch)"],
                "cols": nbytes["token 128x1 along M, written transposed (X^T)"],
-               "rows": nbytes["token 1x128 (X along K)"], "block": nbytes["block 128x128 + W^T bytes"],
+               "rows": nbytes["token 1x128 (X along K)"], "block": nbytes["block 128x128 (W)"],
                "scalar": nbytes["tensor, given scale (autoscale)"],
                "amax": nbytes["tensor JIT (amax + quantize: 2 reads + 1 write)"]}
         refs = None

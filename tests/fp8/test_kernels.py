@@ -190,3 +190,24 @@ def test_gpu_two_level_gemm_matches_emulated():
     bt = quantize(rand((N, K), "cuda"), "tensor", "fp32")
     for b in (b2, bt):
         _close(fp8_gemm(a, b, torch.float32, backend="triton"), fp8_gemm(a, b, torch.float32, backend="emulated"), 1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(256, 384), (1536, 8960), (4864, 896)])
+def test_weight_transpose_bytes_equal_transposed_weight_bytes_gpu(shape):
+    """W^T written by the block and per-tensor kernels is W's FP8 bytes transposed (dgrad reads it).
+
+    The transposed store once skipped elements on an H100, leaving whatever the allocator held in
+    W^T (NaN codes in every dgrad); the caching allocator is first filled with 0x7F (E4M3 NaN) so
+    that a skipped store shows here instead of hiding behind zeroed fresh memory.
+    """
+    from infir.fp8.kernels import quantize_block_triton, quantize_tensor_triton
+
+    garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
+    del garbage
+    w = torch.randn(*shape, device="cuda") * 0.05
+    for q, qt in (quantize_block_triton(w, "ue8m0", "e4m3", transpose=True),
+                  quantize_block_triton(w, "fp32", "e4m3", transpose=True),
+                  quantize_tensor_triton(w, "fp32", "e4m3", transpose=True)):
+        assert torch.equal(qt.data.view(torch.uint8), q.data.view(torch.uint8).t())
+        assert torch.equal(qt.scale, q.scale.t() if q.scale.dim() == 2 else q.scale)

@@ -94,9 +94,13 @@ def test_shape_mismatch_is_reported():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", FP8_RECIPES)
-def test_gpu_linear_fast_path_matches_emulated(recipe):
+@pytest.mark.parametrize("mkn", [(4096, 1536, 2048), (2048, 8960, 1536), (4096, 896, 4864)])
+def test_gpu_linear_fast_path_matches_emulated(recipe, mkn):
+    """Qwen2.5 shapes included (1.5B down-proj, 0.5B up-proj): a wrong W^T once gave NaN dgrad there."""
     torch.manual_seed(torch.seed())
-    M, K, N = 4096, 1536, 2048
+    M, K, N = mkn
+    garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")  # NaN codes in reused memory
+    del garbage
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * 0.05
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)

@@ -7,8 +7,8 @@ One HBM pass per tensor wherever the scaling unit allows it:
 - `_quant_token_both_kernel`: both layouts in one launch, fused (one read of a 128x128 tile serves
   both; the transpose of the bf16 input or of the FP8 output goes through shared memory) or split
   (rows programs + transposing column programs, X read twice).
-- `_quant_block_kernel`: one 128x128 scale per tile; writes W and, optionally, W^T's bytes and
-  the transposed scales.
+- `_quant_block_kernel`: one 128x128 scale per tile. W^T for dgrad is W's bytes transposed by torch
+  (see _W_T_BY_TORCH: the in-kernel transposed store gave NaN dgrads on an H100).
 - `_quant_two_level_kernel`: MOSS rows: pass 1 finds the row amax, pass 2 (re-read mostly from
   L2) writes data, per-32 effective scales, E8M0 codes and the row's global scale, or (fold)
   the row-scaled GEMM operand of quantize.fold_two_level directly.
@@ -228,6 +228,14 @@ def _ok1(s, DIV: tl.constexpr):
 
 
 @triton.jit
+def _mask_t(rm, rk, M, K):
+    # The bounds mask of a transposed [K-tile, M-tile] store, built in that orientation rather than
+    # by tl.trans(mask): the weight kernels' transposed store with a transposed mask went wrong on
+    # an H100 (see _W_T_BY_TORCH), so no kernel here transposes a boolean tile.
+    return (rk[:, None] < K) & (rm[None, :] < M)
+
+
+@triton.jit
 def _quant_rows_kernel(
     x_ptr, q_ptr, s_ptr, M, K, stride_xm,
     BM: tl.constexpr, FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr,
@@ -260,7 +268,7 @@ def _cols_t_tile(x_ptr, qt_ptr, st_ptr, M, K, stride_xm, pid_m, pid_k,
     x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
     st = _scale_from_amax(tl.max(_abs_nan_inf(x), axis=0), FMAX, UE8M0)
     qt = tl.trans(_q8(x, st[None, :], _inv_scale(st, UE8M0)[None, :], _ok1(st, DIV), FMAX, OUT_DTYPE, DIV))
-    tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], qt, mask=tl.trans(mask))
+    tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], qt, mask=_mask_t(rm, rk, M, K))
     tl.store(st_ptr + pid_m.to(tl.int64) * K + rk, st, mask=rk < K)
 
 
@@ -304,7 +312,7 @@ def _quant_token_both_kernel(
         else:
             st = _scale_from_amax(tl.max(_abs_nan_inf(x), axis=0), FMAX, UE8M0)
             qt = tl.trans(_q8(x, st[None, :], _inv_scale(st, UE8M0)[None, :], _ok1(st, DIV), FMAX, OUT_DTYPE, DIV))
-        tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], qt, mask=tl.trans(mask))
+        tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], qt, mask=_mask_t(rm, rk, M, K))
         tl.store(st_ptr + pid_m.to(tl.int64) * K + rk, st, mask=rk < K)
     else:
         n_row_progs = tl.cdiv(M, BM_ROWS) * n_kb
@@ -327,8 +335,8 @@ def _quant_token_both_kernel(
 
 @triton.jit
 def _quant_block_kernel(
-    x_ptr, q_ptr, qt_ptr, s_ptr, st_ptr, M, K, stride_xm,
-    WRITE_T: tl.constexpr, FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, M, K, stride_xm,
+    FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_kb = tl.cdiv(K, 128)
@@ -347,9 +355,6 @@ def _quant_block_kernel(
     q = _q8(x, s, _inv_scale(s, UE8M0), ok, FMAX, OUT_DTYPE, DIV)
     tl.store(q_ptr + rm[:, None].to(tl.int64) * K + rk[None, :], q, mask=mask)
     tl.store(s_ptr + pid, s)
-    if WRITE_T:
-        tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], tl.trans(q), mask=tl.trans(mask))
-        tl.store(st_ptr + pid_k * tl.cdiv(M, 128) + pid_m, s)
 
 
 @triton.jit
@@ -421,8 +426,8 @@ def _amax_partial_kernel(x_ptr, part_ptr, N, BLOCK: tl.constexpr):
 
 @triton.jit
 def _quant_scalar_kernel(
-    x_ptr, q_ptr, qt_ptr, s_ptr, part_ptr, seen_ptr, M, K, stride_xm, n_part,
-    SCALE_FROM_AMAX: tl.constexpr, WRITE_T: tl.constexpr, RECORD_AMAX: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, part_ptr, seen_ptr, M, K, stride_xm, n_part,
+    SCALE_FROM_AMAX: tl.constexpr, RECORD_AMAX: tl.constexpr,
     BM: tl.constexpr, BK: tl.constexpr, NP: tl.constexpr,
     FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr,
 ):
@@ -447,8 +452,6 @@ def _quant_scalar_kernel(
     x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
     q = _q8(x, s, _inv_scale(s, UE8M0), ok, FMAX, OUT_DTYPE, DIV)
     tl.store(q_ptr + rm[:, None].to(tl.int64) * K + rk[None, :], q, mask=mask)
-    if WRITE_T:
-        tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], tl.trans(q), mask=tl.trans(mask))
     if RECORD_AMAX:
         tl.atomic_max(seen_ptr, tl.max(tl.max(_abs_nan_inf(x), axis=1), axis=0))
 
@@ -725,6 +728,12 @@ def quantize_token_triton(x2, scale_format="ue8m0", fmt="e4m3", rows=True, cols=
     return _token_entry(x2, scale_format, fmt, rows, cols, block_m, config)(x2)
 
 
+# _W_T_BY_TORCH: W^T for dgrad is QTensor.t() of W, its bytes transposed by torch. The block and
+# per-tensor kernels once wrote W^T themselves from the transposed tile; on an H100 (Triton 3.6)
+# that store left parts of W^T holding stale allocator bytes, so FP8 dgrads came out NaN
+# (Triton's CPU interpreter was exact). A weight is quantized once per optimizer step, so the
+# extra read of its FP8 bytes costs about 1 ms a step at 1.5B. The transposed activation kernels
+# are held to the CPU reference on the GPU by tests/fp8 (with NaN bytes left in reused memory).
 def _block_entry(x2, scale_format, fmt, transpose):
     first = _pick("block", None)
     cands = [first] + [{"num_warps": w} for w in (4, 8, 16) if w != first["num_warps"]]
@@ -740,28 +749,15 @@ def _block_entry_cfg(x2, scale_format, fmt, transpose, cfg):
     f32 = torch.float32
     n_mb, n_kb = triton.cdiv(M, WEIGHT_BLOCK), triton.cdiv(K, WEIGHT_BLOCK)
     launch = _Launch(_quant_block_kernel, _grid(n_mb * n_kb), cfg["num_warps"])
-    tail = (M, K, x2.stride(0), transpose, fmax, ue, out, div)
+    tail = (M, K, x2.stride(0), fmax, ue, out, div)
     u8 = torch.uint8
-    if transpose:
-        def run(x):
-            q = torch.empty((M, K), dtype=dt, device=dev)
-            qt = torch.empty((K, M), dtype=dt, device=dev)
-            s = torch.empty((n_mb, n_kb), dtype=f32, device=dev)
-            st = torch.empty((n_kb, n_mb), dtype=f32, device=dev)
-            if soft:
-                launch(idx, x, q.view(u8), qt.view(u8), s, st, *tail)
-            else:
-                launch(idx, x, q, qt, s, st, *tail)
-            return QTensor(q, s, "block", scale_format, fmt), QTensor(qt, st, "block", scale_format, fmt)
-    else:
-        dummy = torch.empty((1,), dtype=u8 if soft else dt, device=dev)
-        dummy_s = torch.empty((1,), dtype=f32, device=dev)
 
-        def run(x):
-            q = torch.empty((M, K), dtype=dt, device=dev)
-            s = torch.empty((n_mb, n_kb), dtype=f32, device=dev)
-            launch(idx, x, q.view(u8) if soft else q, dummy, s, dummy_s, *tail)
-            return QTensor(q, s, "block", scale_format, fmt), None
+    def run(x):
+        q = torch.empty((M, K), dtype=dt, device=dev)
+        s = torch.empty((n_mb, n_kb), dtype=f32, device=dev)
+        launch(idx, x, q.view(u8) if soft else q, s, *tail)
+        out_q = QTensor(q, s, "block", scale_format, fmt)
+        return out_q, (out_q.t() if transpose else None)  # see _W_T_BY_TORCH
     return run
 
 
@@ -861,25 +857,20 @@ def _tensor_entry(x2, scale_format, fmt, given, transpose, record):
     else:
         n_part, blk = 1, 1
     np2 = triton.next_power_of_2(n_part)
-    tail = (M, K, x2.stride(0), n_part, not given, transpose, record, bm, bk, np2, fmax, ue, out, div)
-    dummy_t = torch.empty((1,), dtype=u8 if soft else dt, device=dev)
+    tail = (M, K, x2.stride(0), n_part, not given, record, bm, bk, np2, fmax, ue, out, div)
     dummy_f = torch.empty((1,), dtype=f32, device=dev)
 
     def run(x, scale, seen):
         q = torch.empty((M, K), dtype=dt, device=dev)
-        qt = torch.empty((K, M), dtype=dt, device=dev) if transpose else dummy_t
         if given:
             s, part = scale, dummy_f
         else:
             s = torch.empty((), dtype=f32, device=dev)
             part = torch.empty((n_part,), dtype=f32, device=dev)
             amax_launch(idx, x if contiguous else x.contiguous(), part, M * K, blk)
-        if soft:
-            launch(idx, x, q.view(u8), qt.view(u8), s, part, seen, *tail)
-        else:
-            launch(idx, x, q, qt, s, part, seen, *tail)
+        launch(idx, x, q.view(u8) if soft else q, s, part, seen, *tail)
         out_q = QTensor(q, s, "tensor", scale_format, fmt)
-        return out_q, (QTensor(qt, s, "tensor", scale_format, fmt) if transpose else None)
+        return out_q, (out_q.t() if transpose else None)  # see _W_T_BY_TORCH
     run.dummy_f = dummy_f
     return run
 
