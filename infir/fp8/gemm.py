@@ -52,7 +52,7 @@ def scaled_mm_fits(a: QTensor, b: QTensor) -> bool:
     return k % 128 == 0 and b.data.shape[0] % 128 == 0 and a.data.shape[0] % 16 == 0
 
 
-def _outer_dim_major(s: torch.Tensor) -> torch.Tensor:
+def outer_dim_major(s: torch.Tensor) -> torch.Tensor:
     """(rows, blocks) scales with stride (1, rows); the Triton kernels already write them so."""
     return s if s.stride(0) == 1 else s.t().contiguous().t()
 
@@ -76,10 +76,10 @@ def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat
     if a.granularity == "tensor":
         sa, sb = a.scale.reshape(1), b.scale.reshape(1)
     else:
-        sa = _outer_dim_major(a.scale)
+        sa = outer_dim_major(a.scale)
         sb = b.layout_cache.get("scaled_mm")
         if sb is None:  # computed once per weight QTensor, reused by every micro-batch
-            sb = _pad_cols(b.scale, 4).t() if b.granularity == "block" else _outer_dim_major(b.scale)
+            sb = _pad_cols(b.scale, 4).t() if b.granularity == "block" else outer_dim_major(b.scale)
             b.layout_cache["scaled_mm"] = sb
     if hasattr(F, "scaled_mm"):
         st = F.ScalingType

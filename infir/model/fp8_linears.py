@@ -15,9 +15,13 @@ groups, unaligned shards) the layer gathers BF16 and quantizes after, as megatro
 BF16 autocast: the FP8 function takes BF16 activations (the autocast dtype) and FP32 master weights,
 and runs with autocast off inside (its GEMMs are FP8; outputs come back in the activation dtype).
 
-torch.compile: the FP8 matmul is left out of the compiled layer graph (`torch.compiler.disable`): its
-Triton quantizers autotune and its QTensors are plain dataclasses, which dynamo would otherwise try to
-trace; the norms, RoPE, SwiGLU and residual adds around it still fuse.
+torch.compile: inside a compiled layer the linear runs `infir.fp8.traced` (quantizers as torch ops that
+inductor fuses with the norm or SwiGLU before them, GEMMs as one custom op), so the layer stays one
+graph and the host issues it from generated code; launched from Python between graph breaks, the
+eager path made the 1.5B FP8 step host-bound (the GPU waited on the CPU). The traced path cannot look
+after the weight cache, so `refresh_fp8_weights` (a forward pre-hook on the model, eager) re-quantizes
+any weight that changed before each forward. Eager callers, the FP8 health monitor's steps and the
+sequence-parallel FP8 all-gather keep the Triton path, outside the graph.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from infir.fp8.gemm import fp8_gemm
 from infir.fp8.linear import fp8_backward, quantize_operand
 from infir.fp8.formats import scale_from_amax
 from infir.fp8.quantize import QTensor
+from infir.fp8.traced import traced_linear
 from infir.model.linears import ColumnLinear, RowLinear, column_input
 
 
@@ -52,8 +57,16 @@ class _Fp8(object):
         self.fp8_recipe = get_recipe(self.recipe_name)
         self.weight_cache = WeightCache(name="")
 
-    @torch.compiler.disable
     def fp8_matmul(self, x, weight, bias):
+        if torch.compiler.is_compiling() and not (self.monitor is not None and self.monitor.active):
+            x = _activation_dtype(x)
+            cache = self.weight_cache
+            with torch.autocast(x.device.type, enabled=False):
+                return traced_linear(x, weight, cache.q, cache.qt, bias, self.fp8_recipe)
+        return self._fp8_matmul_eager(x, weight, bias)
+
+    @torch.compiler.disable
+    def _fp8_matmul_eager(self, x, weight, bias):
         x = _activation_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             y = fp8_linear(x, weight, bias, self.fp8_recipe, weight_cache=self.weight_cache)
@@ -67,17 +80,20 @@ class Fp8ColumnLinear(_Fp8, ColumnLinear):
         super().__init__(*args, **kwargs)
         self._init_fp8()
 
-    @torch.compiler.disable
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
         if sequence_parallel and fp8_gather_supported(self.fp8_recipe, input, tp_group):
-            x = _activation_dtype(input)
-            with torch.autocast(x.device.type, enabled=False):
-                y = Fp8GatheredColumn.apply(x, weight, bias, self.fp8_recipe, self.weight_cache, tp_group)
-            if self.monitor is not None and self.monitor.active:
-                self.monitor.record(self, gather_from_sequence_parallel_region(x.detach(), group=tp_group), weight, y)
-            return y
+            return self._gathered_fp8(input, weight, bias, tp_group)
         x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
         return self.fp8_matmul(x, weight, bias)
+
+    @torch.compiler.disable
+    def _gathered_fp8(self, input, weight, bias, tp_group):
+        x = _activation_dtype(input)
+        with torch.autocast(x.device.type, enabled=False):
+            y = Fp8GatheredColumn.apply(x, weight, bias, self.fp8_recipe, self.weight_cache, tp_group)
+        if self.monitor is not None and self.monitor.active:
+            self.monitor.record(self, gather_from_sequence_parallel_region(x.detach(), group=tp_group), weight, y)
+        return y
 
 
 class Fp8RowLinear(_Fp8, RowLinear):
@@ -87,6 +103,28 @@ class Fp8RowLinear(_Fp8, RowLinear):
 
     def matmul(self, x, weight, bias):
         return self.fp8_matmul(x, weight, bias)
+
+
+@torch.no_grad()
+def refresh_fp8_weights(model: torch.nn.Module, *_args, **_kwargs) -> None:
+    """Re-quantize the FP8 copy of every weight that changed (WeightCache's storage/version check).
+
+    Registered as a forward pre-hook of the model by `attach_weight_refresh`: the compiled layers read
+    the caches' tensors without checking them. A Python loop over the FP8 linears, ~0.1 ms when
+    nothing changed.
+    """
+    for module in model.modules():
+        if isinstance(module, _Fp8):
+            module.weight_cache.get(module.weight, module.fp8_recipe, need_t=True)
+
+
+def has_fp8_linears(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, _Fp8) for m in model.modules())
+
+
+def attach_weight_refresh(model: torch.nn.Module):
+    """Keep the FP8 weight caches fresh before every forward of `model` (returns the hook handle)."""
+    return model.register_forward_pre_hook(lambda mod, args: refresh_fp8_weights(mod))
 
 
 def fp8_gather_supported(recipe, x: torch.Tensor, tp_group) -> bool:

@@ -168,7 +168,24 @@ def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int, chunked_
     if model.output_layer is not None and type(model.output_layer) is not ColumnLinear:
         model.output_layer.__class__ = ColumnLinear
     model.chunked_loss, model.loss_chunk_tokens = chunked_loss, loss_chunk_tokens
+    if model.embedding is not None:
+        model.embedding.register_forward_hook(_embedding_to_autocast_dtype)
+    from infir.model.fp8_linears import attach_weight_refresh, has_fp8_linears
+
+    if has_fp8_linears(model):
+        attach_weight_refresh(model)
     return model
+
+
+def _embedding_to_autocast_dtype(module, args, out):
+    """Under autocast, the residual stream starts in the compute dtype (BF16), as megatron's
+    Float16Module and HF's BF16 models run it: the FP32 master embedding would otherwise make every
+    residual add, norm and projection input of the block FP32, twice the bytes (measured: the layer
+    input was FP32 at 1.5B), with autocast casting it back to BF16 before each GEMM."""
+    dev = out.device.type
+    if torch.is_autocast_enabled(dev) and out.dtype == torch.float32:
+        return out.to(torch.get_autocast_dtype(dev))
+    return None
 
 
 def describe(name: str) -> dict:

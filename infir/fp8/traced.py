@@ -1,0 +1,134 @@
+"""The FP8 linear as torch.compile sees it: one graph, with its quantizers and GEMMs as custom ops.
+
+Why a second path beside linear.Fp8LinearFunction: called from Python inside a compiled layer, that
+Function forces a graph break around every projection, and each break (guards, AOT wrappers, the
+Function's own bookkeeping) costs host time: at Qwen2.5-1.5B the FP8 step took longer for the CPU to
+issue than for the GPU to run, and ran at 0.57x of BF16 (BENCHMARKS.md). Here the linear is traceable: dynamo keeps
+the layer as one graph, and the quantizers and GEMMs are opaque custom ops (`infir::fp8_quantize_pair`,
+`infir::fp8_mm`) over the same Triton kernels and scaled_mm as the eager path, so the bits are the same.
+
+Quantizing with torch ops instead, so that inductor fuses it into the norm or SwiGLU before it, was
+tried and was slower end to end on an H100: inductor's code for the transposed 128x1 quantization
+(X^T for wgrad) ran far under the Triton kernels' bandwidth.
+
+The weight operands (W and W^T, quantized once per optimizer step by a WeightCache) come in as
+tensors, because a compiled graph cannot hold the cache's bookkeeping; whoever calls this keeps them
+fresh (infir.model.fp8_linears refreshes them before every forward of the model).
+"""
+from __future__ import annotations
+
+import torch
+
+from .formats import get_format
+from .gemm import outer_dim_major, fp8_gemm
+from .linear import quantize_operand
+from .quantize import TOKEN_BLOCK, QTensor
+from .recipe import Recipe
+
+
+@torch.library.custom_op("infir::fp8_mm", mutates_args=())
+def fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm)."""
+    # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
+    qa = QTensor(a.contiguous(), a_scale, a_gran)
+    qb = QTensor(b.contiguous(), b_scale, b_gran)
+    return fp8_gemm(qa, qb, out_dtype=out_dtype)
+
+
+@fp8_mm.register_fake
+def _(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("infir::fp8_quantize_pair", mutates_args=())
+def _quantize_pair_op(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    rec = Recipe("traced", activation=granularity, grad=granularity, scale_format=scale_format, fmt=fmt)
+    q, qt = quantize_operand(x2, granularity, rec, rows=True, cols=cols)
+    # The layouts the fake below promises (the Triton kernels' own; the CPU reference is normalised).
+    scale = outer_dim_major(q.scale) if granularity == "token" else q.scale
+    if qt is None:  # no wgrad operand wanted: empty placeholders keep the op's schema fixed
+        return q.data.contiguous(), scale, q.data.new_empty(0), q.scale.new_empty(0)
+    # an op's outputs may not alias each other: a per-tensor X^T shares X's 0-dim scale
+    st = qt.scale.clone() if qt.scale is q.scale else qt.scale
+    st = outer_dim_major(st) if granularity == "token" else st
+    return q.data.contiguous(), scale, qt.data.contiguous(), st
+
+
+@_quantize_pair_op.register_fake
+def _(x2, granularity, scale_format, fmt, cols):
+    m, k = x2.shape
+    dt = get_format(fmt).dtype
+    if granularity == "tensor":
+        s = x2.new_empty((), dtype=torch.float32)
+    elif granularity == "token":  # the kernels' outer-dim-major scale views
+        s = x2.new_empty((-(-k // TOKEN_BLOCK), m), dtype=torch.float32).t()
+    else:  # two_level comes folded: one FP32 scale per row
+        s = x2.new_empty((m, 1), dtype=torch.float32)
+    if not cols:
+        return x2.new_empty((m, k), dtype=dt), s, x2.new_empty(0, dtype=dt), s.new_empty(0)
+    if granularity == "tensor":
+        st = x2.new_empty((), dtype=torch.float32)
+    elif granularity == "token":
+        st = x2.new_empty((-(-m // TOKEN_BLOCK), k), dtype=torch.float32).t()
+    else:
+        st = x2.new_empty((k, 1), dtype=torch.float32)
+    return x2.new_empty((m, k), dtype=dt), s, x2.new_empty((k, m), dtype=dt), st
+
+
+def quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
+    """(data, scale, granularity) of x2 along K, and of x2^T along M when `cols`: the operands of
+    linear.quantize_operand (Triton on CUDA, the reference elsewhere), as one opaque op in a graph."""
+    q, s, qt, st = _quantize_pair_op(x2, granularity, scale_format, fmt, cols)
+    gran = "row" if granularity == "two_level" else granularity
+    return (q, s, gran), ((qt, st, gran) if cols else None)
+
+
+class TracedFp8Linear(torch.autograd.Function):
+    """Y = X W^T with fprop, dgrad and wgrad in FP8, as Fp8LinearFunction, for torch.compile.
+
+    Inputs: x [M, K] (activation dtype), weight [N, K] (only for its gradient's dtype and shape),
+    w / w_scale (W quantized along K), wt / wt_scale (W^T: the same blocks for "block"; None: W's scale),
+    bias or None,
+    then the recipe's fields as plain values (dynamo specialises on them).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, w, w_scale, wt, wt_scale, bias, w_gran: str, act_gran: str, grad_gran: str,
+                scale_format: str, fmt: str):
+        need_wgrad = ctx.needs_input_grad[1]
+        (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
+        y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        saved = [wt, w_scale if wt_scale is None else wt_scale]
+        if xt is not None:
+            saved += [xt[0], xt[1]]
+            ctx.xt_gran = xt[2]
+        ctx.save_for_backward(*saved)
+        ctx.w_gran, ctx.grad_gran, ctx.scale_format, ctx.fmt = w_gran, grad_gran, scale_format, fmt
+        ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        wt, wt_scale, *xt = ctx.saved_tensors
+        (qdy, sdy, gdy), dyt = quantize_pair(dy, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols=need_wgrad)
+        dx = fp8_mm(qdy, sdy, gdy, wt, wt_scale, ctx.w_gran, ctx.x_dtype) if need_dgrad else None
+        # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
+        dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype) if need_wgrad else None
+        db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
+        return dx, dw, None, None, None, None, db, None, None, None, None, None
+
+
+def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, wqt: QTensor, bias: torch.Tensor | None, recipe) -> torch.Tensor:
+    """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operands (wq, wqt:
+    WeightCache.get(weight, recipe, need_t=True), made outside the compiled region)."""
+    k = x.shape[-1]
+    # A per-tensor W^T shares W's scale tensor; autograd.Function under dynamo takes no tensor twice.
+    wt_scale = None if wqt.scale is wq.scale else wqt.scale
+    y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, wqt.data, wt_scale, bias,
+                              wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt)
+    return y.reshape(*x.shape[:-1], y.shape[-1])

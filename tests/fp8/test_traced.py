@@ -1,0 +1,80 @@
+"""The torch.compile path of the FP8 linear (infir/fp8/traced.py) against the eager autograd Function."""
+import pytest
+import torch
+import torch._inductor.config
+
+from infir.fp8 import WeightCache, get_recipe
+from infir.fp8 import linear as fp8_linear
+from infir.fp8.traced import traced_linear
+
+RECIPES = ["fp8_blockwise_ue8m0", "fp8_blockwise_fp32", "fp8_tensorwise", "moss"]
+
+
+def _run(fn, x, w, b, dy):
+    x = x.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(True)
+    b = b.clone().requires_grad_(True)
+    y = fn(x, w, b)
+    y.backward(dy)
+    return y.detach(), x.grad, w.grad, b.grad
+
+
+def _inputs(device, m=256, k=384, n=256, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4).to(device, torch.bfloat16)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(device)
+    b = torch.randn(n, generator=g).to(device)
+    dy = (torch.randn(m, n, generator=g) * 1e-3).to(device, torch.bfloat16)
+    return x, w, b, dy
+
+
+def _assert_same(ref, out):
+    """FP8 GEMM results bit-equal; the bias gradient (an FP32 sum over tokens) up to summation order."""
+    for name, r, o in zip(("y", "dx", "dw"), ref, out):
+        assert o.dtype == r.dtype, name
+        assert torch.equal(o, r), (name, int((o != r).sum()), float((o.float() - r.float()).abs().max()))
+    torch.testing.assert_close(out[3], ref[3], rtol=1e-5, atol=1e-6)
+
+
+def _compare(recipe_name, device, backend):
+    recipe = get_recipe(recipe_name)
+    x, w, b, dy = _inputs(device)
+    ref = _run(lambda x, w, b: fp8_linear(x, w, b, recipe, weight_cache=WeightCache()), x, w, b, dy)
+    cache = WeightCache()
+
+    def traced(x, w, b):
+        wq, wqt = cache.get(w, recipe, need_t=True)
+        return compiled(x, w, wq, wqt, b)
+
+    compiled = torch.compile(lambda x, w, wq, wqt, b: traced_linear(x, w, wq, wqt, b, recipe), backend=backend, fullgraph=True)
+    out = _run(traced, x, w, b, dy)
+    return ref, out
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_traced_graph_equals_eager_function(recipe):
+    """One graph (fullgraph=True), and the same numbers as Fp8LinearFunction: fprop, dgrad, wgrad, bias grad."""
+    torch._dynamo.reset()
+    ref, out = _compare(recipe, "cpu", "aot_eager")
+    _assert_same(ref, out)
+
+
+@pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "moss"])
+def test_traced_inductor_equals_eager_function_cpu(recipe):
+    """Through inductor too (the custom ops' fake layouts must match what they return). Inductor skips
+    the BF16 rounding of `bias.to(y.dtype)` unless told to emulate it; eager rounds."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        ref, out = _compare(recipe, "cpu", "inductor")
+    _assert_same(ref, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_traced_inductor_equals_eager_function_gpu(recipe):
+    """On CUDA both sides run the Triton quantizers and scaled_mm: the same bits, compiled or not
+    (with the bias rounding emulated, as in the CPU test)."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        ref, out = _compare(recipe, "cuda", "inductor")
+    _assert_same(ref, out)
