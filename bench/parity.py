@@ -6,9 +6,16 @@ the smoothed training loss over the last 10% of steps against BF16, plus a PNG o
 log to W&B groups keyed by model+stage (logger=wandb_offline), so one dashboard shows them together.
 
     python bench/parity.py --steps 1000 --recipes bf16 fp8_blockwise_ue8m0 fp8_blockwise_fp32 fp8_tensorwise moss
+
+`--jobs N` trains up to N recipes at once, each in its own process: a ~180M model leaves most of an
+H100 idle, so five recipes share one GPU in about the time of two. The numbers do not depend on it
+(each run has its own seed-determined data order and no cross-process state).
 """
 from __future__ import annotations
 
+import argparse
+import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +31,58 @@ def smoothed_tail(losses: list[float], frac: float = 0.1) -> float:
     return float(np.mean(losses[-n:]))
 
 
+def run_dir_of(args, recipe: str) -> Path:
+    return Path(args.root) / f"{args.model}-{recipe}"
+
+
+def data_root(args) -> Path:
+    return Path(args.data_root) if args.data_root else Path(args.root) / "data"
+
+
+def train_one(args, recipe: str) -> None:
+    """Train one recipe; its metrics.jsonl and wall time (parity_time.json) land in its run dir."""
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    run_dir = run_dir_of(args, recipe)
+    cfg = compose([
+        f"model={args.model}", f"precision={recipe}", f"logger={args.logger}", f"run_dir={run_dir}",
+        f"data.root={data_root(args)}", f"stage.iters={args.steps}", f"stage.seq_length={args.seq}",
+        f"stage.global_batch={args.global_batch}", f"stage.micro_batch={args.micro_batch}", f"stage.lr={args.lr}",
+        f"stage.min_lr={args.lr / 10}", "stage.schedule=cosine", f"stage.warmup_iters={max(args.steps // 20, 1)}",
+        "train.log_interval=1", f"train.eval_interval={args.steps}", f"train.save_interval={args.steps}",
+        "train.fp8_health_interval=0",
+    ])
+    t0 = time.time()
+    Trainer(cfg).train()
+    (run_dir / "parity_time.json").write_text(json.dumps({"minutes": (time.time() - t0) / 60}))
+
+
+def train_all(args) -> None:
+    """Each recipe in a subprocess, up to --jobs at a time; a failed run names its log."""
+    from infir.data.demo import ensure_demo_data
+
+    ensure_demo_data(data_root(args))  # once, before concurrent runs would race to build it
+    pending, running, failed = list(args.recipes), [], []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            recipe = pending.pop(0)
+            log = Path(args.root) / f"{args.model}-{recipe}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [sys.executable, __file__, "--train-only", "--recipes", recipe, "--model", args.model,
+                   "--steps", str(args.steps), "--seq", str(args.seq), "--global-batch", str(args.global_batch),
+                   "--micro-batch", str(args.micro_batch), "--lr", str(args.lr), "--root", args.root,
+                   "--data-root", str(data_root(args)), "--logger", args.logger]
+            running.append((recipe, log, subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)))
+        time.sleep(2)
+        for item in [r for r in running if r[2].poll() is not None]:
+            running.remove(item)
+            if item[2].returncode != 0:
+                failed.append(f"{item[0]} (exit {item[2].returncode}, log {item[1]})")
+    if failed:
+        raise SystemExit("parity runs failed: " + ", ".join(failed))
+
+
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--model", default="small-180m")
@@ -36,31 +95,32 @@ def main() -> None:
     p.add_argument("--root", default="outputs/parity")
     p.add_argument("--data-root", default=None, help="the demo data (built there on first use; default ROOT/data)")
     p.add_argument("--logger", default="none")
+    p.add_argument("--jobs", type=int, default=1, help="recipes trained at once, one process each")
+    p.add_argument("--train-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
 
     from infir.train import dist as distributed
-    from infir.train.cli import compose
-    from infir.train.loop import Trainer
+
+    if args.jobs > 1 and not args.train_only:
+        train_all(args)
+    else:
+        for recipe in args.recipes:
+            train_one(args, recipe)
+        distributed.shutdown()
+        if args.train_only:
+            return
+
     from infir.train.metrics import read_metrics
 
     curves, rows = {}, []
     for recipe in args.recipes:
-        run_dir = Path(args.root) / f"{args.model}-{recipe}"
-        cfg = compose([
-            f"model={args.model}", f"precision={recipe}", f"logger={args.logger}", f"run_dir={run_dir}",
-            f"data.root={args.data_root or Path(args.root) / 'data'}", f"stage.iters={args.steps}", f"stage.seq_length={args.seq}",
-            f"stage.global_batch={args.global_batch}", f"stage.micro_batch={args.micro_batch}", f"stage.lr={args.lr}",
-            f"stage.min_lr={args.lr / 10}", "stage.schedule=cosine", f"stage.warmup_iters={max(args.steps // 20, 1)}",
-            "train.log_interval=1", f"train.eval_interval={args.steps}", f"train.save_interval={args.steps}",
-            "train.fp8_health_interval=0",
-        ])
-        t0 = time.time()
-        trainer = Trainer(cfg)
-        last = trainer.train()
-        curves[recipe] = [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r.get("loss") is not None]
-        rows.append({"recipe": recipe, "steps": len(curves[recipe]), "final val loss": last.get("val_loss", float("nan")),
-                     "tail loss (last 10%)": smoothed_tail(curves[recipe]), "minutes": (time.time() - t0) / 60})
-        del trainer
+        run_dir = run_dir_of(args, recipe)
+        records = read_metrics(run_dir / "metrics.jsonl")
+        curves[recipe] = [r["loss"] for r in records if r.get("loss") is not None]
+        vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+        minutes = json.loads((run_dir / "parity_time.json").read_text())["minutes"]
+        rows.append({"recipe": recipe, "steps": len(curves[recipe]), "final val loss": vals[-1] if vals else float("nan"),
+                     "tail loss (last 10%)": smoothed_tail(curves[recipe]), "minutes": minutes})
     base = next((r for r in rows if r["recipe"] == "bf16"), None)
     for r in rows:
         if base:
@@ -83,9 +143,9 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     emit("Loss parity, FP8 recipes vs BF16", [
-        f"model {args.model}, seq {args.seq}, global batch {args.global_batch}, {args.steps} steps, lr {args.lr} cosine; demo text data; curves: {png}",
+        f"model {args.model}, seq {args.seq}, global batch {args.global_batch}, {args.steps} steps, lr {args.lr} cosine; "
+        f"demo text data; {min(args.jobs, len(args.recipes))} run(s) at a time on one device; curves: {png}",
         markdown_table(rows)], args.out)
-    distributed.shutdown()
 
 
 if __name__ == "__main__":

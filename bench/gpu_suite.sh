@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# What a GPU host checks and times, in stages (name one per call where calls are time-limited):
+#   bash bench/gpu_suite.sh tests          pytest -m gpu over every suite
+#   bash bench/gpu_suite.sh kernels        bench/quant.py, bench/linear.py, bench/optim.py
+#   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
+#   bash bench/gpu_suite.sh step-0.5b      bench/step.py: 0.5B at seq 4096 and 8192, recompute off/selective
+#   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes, 5 at once on one GPU
+# Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
+# outputs/gpu_suite); paste them into BENCHMARKS.md verbatim. Where megatron-core or Hydra is not
+# installed (a bare device), wheels carried in .whl/ are installed to /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-outputs/gpu_suite}
+mkdir -p "$OUT"
+if ! python3 -c "import megatron.core, hydra" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/megatron*.whl .whl/hydra*.whl .whl/omegaconf*.whl .whl/antlr4*.whl >/dev/null || exit 3
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+ACCUM=${ACCUM:-4}   # micro-batches per step: a CPT global batch is many micro-batches per GPU
+status=0
+run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, remember failures
+  local name=$1; shift
+  echo "== $name: $*"
+  "$@" >"$OUT/$name.log" 2>&1 || { echo "!! $name failed (exit $?)"; status=1; }
+  tail -n 25 "$OUT/$name.log"
+}
+for stage in "$@"; do
+  case $stage in
+    tests) run tests python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    kernels)
+      run quant python3 bench/quant.py --out "$OUT/quant.md"
+      run linear python3 bench/linear.py --out "$OUT/linear.md"
+      run optim python3 bench/optim.py --out "$OUT/optim.md" ;;
+    step-1.5b)
+      run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \
+        --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 qwen2.5-1.5b:none:fp8_blockwise_fp32 \
+                qwen2.5-1.5b:none:fp8_tensorwise qwen2.5-1.5b:none:moss ;;
+    step-0.5b)
+      run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" \
+        --recompute none selective --precision bf16 fp8_blockwise_ue8m0 --out "$OUT/step_0.5b.md" ;;
+    parity)
+      run parity python3 bench/parity.py --steps 1000 --jobs 5 --root "$OUT/parity" --out "$OUT/parity.md" ;;
+    *) echo "unknown stage '$stage': tests kernels step-1.5b step-0.5b parity" >&2; exit 2 ;;
+  esac
+done
+exit $status

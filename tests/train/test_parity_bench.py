@@ -1,0 +1,32 @@
+"""bench/parity.py end to end on CPU: concurrent runs (--jobs) give the same curves as one at a time."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "parity.py"
+
+
+def _parity(tmp: Path, demo_root: Path, jobs: int) -> list[dict]:
+    root = tmp / f"jobs{jobs}"
+    cmd = [sys.executable, str(BENCH), "--model", "tiny", "--steps", "4", "--seq", "64", "--global-batch", "4",
+           "--micro-batch", "4", "--root", str(root), "--data-root", str(demo_root),
+           "--recipes", "bf16", "fp8_blockwise_ue8m0", "--jobs", str(jobs), "--out", str(root / "report.md")]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
+    assert (root / "parity.png").stat().st_size > 0
+    report = (root / "report.md").read_text()
+    assert "| fp8_blockwise_ue8m0 | 4 |" in report, report
+    curves = []
+    for recipe in ("bf16", "fp8_blockwise_ue8m0"):
+        lines = (root / f"tiny-{recipe}" / "metrics.jsonl").read_text().splitlines()
+        curves.append([json.loads(line)["loss"] for line in lines if '"loss"' in line])
+    return curves
+
+
+def test_concurrent_parity_runs_match_sequential(tmp_path, demo_root):
+    sequential = _parity(tmp_path, demo_root, jobs=1)
+    concurrent = _parity(tmp_path, demo_root, jobs=2)
+    assert all(len(c) == 4 for c in sequential)
+    assert concurrent == sequential
