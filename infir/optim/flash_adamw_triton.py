@@ -22,12 +22,15 @@ backward hooks) or all parameters of a step in one launch (``flash_adamw_multi_`
 a single grid. Measured on an H100 (BENCHMARKS.md, section K), the multi-tensor kernel is not
 faster than the per-tensor ones: the kernel time, not the launch count, dominates there.
 """
+import functools
+
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 from triton.compiler.errors import CompilationError
 
+from infir.kernel_launch import Launch, grid1d
 from infir.optim.adam_math import AdamScalars
 from infir.optim.companding import GROUP, momentum_unit, num_groups, variance_unit
 from infir.optim.triton_bits import bf16_half_ulp_log2, bf16_round_nearest, pow2
@@ -199,6 +202,7 @@ def _check_contiguous(tensors) -> None:
                              f"{t.stride()} for shape {tuple(t.shape)} (pass fused=False)")
 
 
+@functools.lru_cache(maxsize=64)  # every param of a group shares one AdamScalars per step
 def _scalar_args(s: AdamScalars) -> tuple:
     return (s.lr, s.beta1, s.beta2, s.one_minus_beta1, s.one_minus_beta2, s.eps, s.decay,
             s.bias_correction1, s.bias_correction2, reciprocal_f32(s.bias_correction1),
@@ -217,13 +221,25 @@ def flash_adamw_triton_(param: torch.Tensor, grad: torch.Tensor, correction, m_c
         raise ValueError(f"{n} elements need {num_groups(n)} scales per state, got "
                          f"{m_scales.numel()} and {v_scales.numel()}")
     rows = rows or ROWS
-    grid = (triton.cdiv(num_groups(n), rows),)
-    _flash_adamw_kernel[grid](
-        param, grad, correction if correction is not None else m_codes, m_codes, m_scales,
-        v_codes, v_scales, decode_tables(param.device), n, *_scalar_args(s),
-        HAS_CORRECTION=correction is not None, ROWS=rows, GROUP=GROUP,
-        FAST_DIV=FAST_DIV if fast_div is None else fast_div,
-        num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False)
+    num_warps = num_warps or NUM_WARPS
+    fast_div = FAST_DIV if fast_div is None else fast_div
+    has_corr = correction is not None
+    tensors = (param, grad, correction if has_corr else m_codes, m_scales, v_codes, v_scales, m_codes)
+    # keyed on what Triton specializes on: sizes, dtypes, 16-byte alignment (megatron's grad buffers
+    # hand out views at any offset), constexprs
+    key = (n, param.dtype, grad.dtype, param.device, has_corr, rows, num_warps, fast_div,
+           tuple(t.data_ptr() % 16 == 0 for t in tensors))
+    launch = _LAUNCHES.get(key)
+    if launch is None:
+        launch = _LAUNCHES[key] = Launch(_flash_adamw_kernel, grid1d(triton.cdiv(num_groups(n), rows)), num_warps,
+                                         enable_fp_fusion=False)
+    launch(param.device.index, param, grad, tensors[2], m_codes, m_scales, v_codes, v_scales,
+           decode_tables(param.device), n, *_scalar_args(s), has_corr, rows, GROUP, fast_div)
+
+
+# One launcher per parameter shape and configuration, to cut the host time that made step() slower
+# than its kernels run back to back (BENCHMARKS.md, optimizers, section A).
+_LAUNCHES: dict = {}
 
 
 _ALIGN_HINT_WORKS = True

@@ -47,6 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...kernel_launch import Launch, grid1d
 from ..formats import get_format
 from ..quantize import MICRO_GROUP, TOKEN_BLOCK, WEIGHT_BLOCK, QTensor
 
@@ -507,51 +508,6 @@ def _v(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if SOFT_CAST and t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else t
 
 
-# --- launch without Triton's per-call machinery
-
-try:
-    from triton import knobs as _knobs
-
-    _RUNTIME = _knobs.runtime
-except Exception:  # older Triton: no knobs, no direct launch
-    _RUNTIME = None
-_TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2] if v.isdigit())
-# CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
-# exit_hook, *all bound args, constexprs included) is what JITFunction.run calls in Triton 3.6-3.9
-# (read in their sources); elsewhere every launch goes through JITFunction.run.
-_DIRECT = (not _INTERPRET) and _RUNTIME is not None and _TRITON_VERSION >= (3, 6)
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-class _Launch:
-    """One kernel at one grid and configuration. The first call compiles through Triton's JIT
-    (which also checks the arguments); later calls go straight to the compiled launcher.
-    Callers key instances on everything Triton specializes on (integer values, 16-byte alignment
-    of pointers, dtypes), so the compiled kernel stays the right one."""
-
-    __slots__ = ("kernel", "grid", "num_warps", "run", "function", "meta")
-
-    def __init__(self, kernel, grid, num_warps):
-        self.kernel, self.grid, self.num_warps = kernel, grid, num_warps
-        self.run = None
-
-    def __call__(self, device_index, *args):
-        run = self.run
-        hook = _RUNTIME.launch_enter_hook if run is not None else 0
-        # Triton 3.6+: an empty HookChain (no profiler hooks registered) -> launch without hooks
-        if run is not None and (hook is None or not getattr(hook, "calls", True)):
-            g = self.grid
-            run(g[0], g[1], g[2], _raw_stream(device_index), self.function, self.meta, None, None, None, *args)
-            return
-        k = self.kernel[self.grid](*args, num_warps=self.num_warps)
-        if _DIRECT and _raw_stream is not None and k is not None and hasattr(k, "packed_metadata"):
-            self.run, self.function, self.meta = k.run, k.function, k.packed_metadata
-
-
-def _grid(n: int):
-    return (n, 1, 1)
-
-
 _ENTRIES: dict = {}
 
 
@@ -668,7 +624,7 @@ def _token_entry_cfg(x2, scale_format, fmt, rows, cols, block_m, config):
         nw = cfg.pop("num_warps", 4)
         fused, trans_in, bn, bm_rows = cfg["FUSED"], cfg["TRANS_IN"], cfg["BN"], cfg["BM_ROWS"]
         n = n_mb * n_kb if fused else triton.cdiv(M, bm_rows) * n_kb + n_mb * triton.cdiv(K, bn)
-        launch = _Launch(_quant_token_both_kernel, _grid(n), nw)
+        launch = Launch(_quant_token_both_kernel, grid1d(n), nw)
         tail = (M, K, stride, fused, trans_in, bn, bm_rows, fmax, ue, out, div)
 
         def run(x):
@@ -683,7 +639,7 @@ def _token_entry_cfg(x2, scale_format, fmt, rows, cols, block_m, config):
             return (QTensor(q, s, "token", scale_format, fmt), QTensor(qt, st, "token", scale_format, fmt))
     elif rows:
         cfg = _pick("rows", config)
-        launch = _Launch(_quant_rows_kernel, _grid(triton.cdiv(M, block_m) * n_kb), cfg["num_warps"])
+        launch = Launch(_quant_rows_kernel, grid1d(triton.cdiv(M, block_m) * n_kb), cfg["num_warps"])
         tail = (M, K, stride, block_m, fmax, ue, out, div)
 
         def run(x):
@@ -694,7 +650,7 @@ def _token_entry_cfg(x2, scale_format, fmt, rows, cols, block_m, config):
     elif cols:
         cfg = _pick("cols", config)
         bn = cfg["BN"]
-        launch = _Launch(_quant_cols_t_kernel, _grid(n_mb * triton.cdiv(K, bn)), cfg.get("num_warps", 4))
+        launch = Launch(_quant_cols_t_kernel, grid1d(n_mb * triton.cdiv(K, bn)), cfg.get("num_warps", 4))
         tail = (M, K, stride, bn, fmax, ue, out, div)
 
         def run(x):
@@ -748,7 +704,7 @@ def _block_entry_cfg(x2, scale_format, fmt, transpose, cfg):
     idx = dev.index
     f32 = torch.float32
     n_mb, n_kb = triton.cdiv(M, WEIGHT_BLOCK), triton.cdiv(K, WEIGHT_BLOCK)
-    launch = _Launch(_quant_block_kernel, _grid(n_mb * n_kb), cfg["num_warps"])
+    launch = Launch(_quant_block_kernel, grid1d(n_mb * n_kb), cfg["num_warps"])
     tail = (M, K, x2.stride(0), fmax, ue, out, div)
     u8 = torch.uint8
 
@@ -784,7 +740,7 @@ def _two_level_entry(x2, scale_format, fmt, fold, block_m, block_k, num_warps):
     f32 = torch.float32
     n_groups = triton.cdiv(K, MICRO_GROUP)
     block_k = min(block_k, max(32, triton.next_power_of_2(K)))
-    launch = _Launch(_quant_two_level_kernel, _grid(triton.cdiv(M, block_m)), num_warps)
+    launch = Launch(_quant_two_level_kernel, grid1d(triton.cdiv(M, block_m)), num_warps)
     tail = (M, K, x2.stride(0), n_groups, block_m, block_k, fold, fmax, ue, out, div)
     u8 = torch.uint8
     if fold:
@@ -823,7 +779,7 @@ def _amax_entry(n: int, x: torch.Tensor):
     cfg = _DEFAULT_CFG["amax"]
     block = cfg["BLOCK"] if not _INTERPRET else 1024
     n_part = max(1, min(triton.cdiv(n, block), cfg["per_sm"] * _n_sm(x.device)))
-    return _Launch(_amax_partial_kernel, _grid(n_part), cfg["num_warps"]), n_part, block
+    return Launch(_amax_partial_kernel, grid1d(n_part), cfg["num_warps"]), n_part, block
 
 
 def amax_triton(x: torch.Tensor, block: int = 8192) -> torch.Tensor:
@@ -850,7 +806,7 @@ def _tensor_entry(x2, scale_format, fmt, given, transpose, record):
     u8 = torch.uint8
     cfg = _DEFAULT_CFG["scalar"]
     bm, bk = cfg["BM"], cfg["BK"]
-    launch = _Launch(_quant_scalar_kernel, _grid(triton.cdiv(M, bm) * triton.cdiv(K, bk)), cfg["num_warps"])
+    launch = Launch(_quant_scalar_kernel, grid1d(triton.cdiv(M, bm) * triton.cdiv(K, bk)), cfg["num_warps"])
     contiguous = x2.stride(0) == K or M == 1
     if not given:
         amax_launch, n_part, blk = _amax_entry(M * K, x2)
