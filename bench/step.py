@@ -61,10 +61,10 @@ def lm_head_ms(size, tokens: int) -> float:
 
 def classify(name: str) -> str:
     n = name.lower()
+    if any(k in n for k in ("adam", "multi_tensor", "foreach")):  # before "flash": _flash_adamw_kernel
+        return "optimizer"
     if any(k in n for k in ("flash", "fmha", "attention", "attn")):
         return "attention"
-    if any(k in n for k in ("adam", "multi_tensor", "foreach")):
-        return "optimizer"
     if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90")):
         return "gemm"
     if any(k in n for k in ("quant", "fp8", "cast_to")):
