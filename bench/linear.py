@@ -49,12 +49,12 @@ def torchao_layer(K, N):
 
 
 def quant_ms(M, K, N):
-    """The quantize kernels of one fp8_blockwise step: X (dual), W (+W^T), dY (dual)."""
+    """The quantize work of one fp8_blockwise fwd+bwd: X (dual), W and its transpose for dgrad, dY (dual)."""
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     return (bench_ms(lambda: kn.quantize_token_triton(x, rows=True, cols=True))
-            + bench_ms(lambda: kn.quantize_block_triton(w, transpose=True))
+            + bench_ms(lambda: kn.quantize_block_triton(w).t())
             + bench_ms(lambda: kn.quantize_token_triton(dy, rows=True, cols=True)))
 
 
@@ -62,7 +62,7 @@ def gemm_rates(M, K, N):
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     qx, _ = kn.quantize_token_triton(x)
-    qw, _ = kn.quantize_block_triton(w)
+    qw = kn.quantize_block_triton(w)
     qx2 = kn.quantize_two_level_triton(x)
     qxf = kn.quantize_two_level_triton(x, fold=True)
     qwt, _ = kn.quantize_tensor_triton(w, "fp32")

@@ -47,9 +47,6 @@ def cases(x, k=kn):
         ("token both layouts (X and X^T, one launch)", lambda: k.quantize_token_triton(x, rows=True, cols=True),
          read + 2 * n + 8 * n // 128),
         ("block 128x128 (W)", lambda: k.quantize_block_triton(x), read + n + 4 * n // 16384),
-        # W^T is W's bytes transposed by torch after the kernel (kernels/quant.py, _W_T_BY_TORCH)
-        ("block 128x128 + W^T (torch transpose)", lambda: k.quantize_block_triton(x, transpose=True),
-         read + 3 * n + 8 * n // 16384),
         ("two_level (MOSS, 32)", lambda: k.quantize_two_level_triton(x), read + n + 5 * n // 32 + 4 * M),
         ("two_level folded (MOSS GEMM operand)", lambda: k.quantize_two_level_triton(x, fold=True), read + n + 4 * M),
         ("tensor JIT (amax + quantize: 2 reads + 1 write)", lambda: k.quantize_tensor_triton(x, "fp32"), 2 * read + n),
@@ -63,7 +60,7 @@ def host_cases(x, k=kn):
     return [
         ("quantize_token_triton(x, rows=True, cols=True)", lambda: k.quantize_token_triton(x, rows=True, cols=True)),
         ("quantize_token_triton(x)", lambda: k.quantize_token_triton(x)),
-        ("quantize_block_triton(w, transpose=True)", lambda: k.quantize_block_triton(w, transpose=True)),
+        ("quantize_block_triton(w)", lambda: k.quantize_block_triton(w)),
         ("quantize_two_level_triton(x, fold=True)", lambda: k.quantize_two_level_triton(x, fold=True)),
         ("quantize_tensor_triton(x) (JIT)", lambda: k.quantize_tensor_triton(x)),
         ("quantize_tensor_triton(x, scale=s)", lambda: k.quantize_tensor_triton(x, scale=one)),

@@ -52,7 +52,10 @@ def quantize_operand(x2: torch.Tensor, granularity: str, recipe: Recipe, rows: b
 
 
 class WeightCache:
-    """The FP8 copy of one weight (and its transpose for dgrad), made once per optimizer step.
+    """The FP8 copy of one weight, made once per optimizer step.
+
+    dgrad reads the same FP8 values transposed (QTensor.t(): a 128x128 block of W is one of W^T),
+    made in backward and freed after its GEMM, so no second FP8 copy of the weight is kept.
 
     Stale copies are detected by the weight's storage and in-place version counter, so a trainer
     that forgets to call step() still gets fresh weights; step(lr) after optimizer.step() is what
@@ -64,7 +67,6 @@ class WeightCache:
         self.autoscaler: AutoScaler | None = None
         self._key = None
         self.q: QTensor | None = None
-        self.qt: QTensor | None = None
 
     def invalidate(self) -> None:
         self._key = None
@@ -74,22 +76,21 @@ class WeightCache:
             self.autoscaler.step(lr)
         self.invalidate()
 
-    def get(self, weight: torch.Tensor, recipe: Recipe, need_t: bool) -> tuple[QTensor, QTensor | None]:
+    def get(self, weight: torch.Tensor, recipe: Recipe) -> QTensor:
         key = (weight.data_ptr(), weight._version, weight.dtype, recipe)
-        if key != self._key or (need_t and self.qt is None):
-            self.q, self.qt = self._quantize(weight.detach(), recipe, need_t)
+        if key != self._key:
+            self.q = self._quantize(weight.detach(), recipe)
             self._key = key
-        return self.q, self.qt
+        return self.q
 
-    def _quantize(self, w: torch.Tensor, recipe: Recipe, need_t: bool):
+    def _quantize(self, w: torch.Tensor, recipe: Recipe) -> QTensor:
         sf, fmt = recipe.scale_format, recipe.fmt
         if recipe.weight == "block":
             if w.is_cuda:
                 from .kernels import quantize_block_triton
 
-                return quantize_block_triton(w, sf, fmt, transpose=need_t)
-            q = quantize_reference(w, "block", sf, fmt)
-            return q, (q.t() if need_t else None)
+                return quantize_block_triton(w, sf, fmt)
+            return quantize_reference(w, "block", sf, fmt)
         scale = None
         if recipe.autoscale_weights:
             if self.autoscaler is None:
@@ -99,14 +100,13 @@ class WeightCache:
             from .kernels import quantize_tensor_triton
 
             seen = torch.zeros((), dtype=torch.float32, device=w.device) if self.autoscaler else None
-            q, qt = quantize_tensor_triton(w, sf, fmt, scale=scale, transpose=need_t, record_amax=seen)
+            q, _ = quantize_tensor_triton(w, sf, fmt, scale=scale, record_amax=seen)
         else:
             q = quantize_tensor_ref(w, get_format(fmt), sf, scale=scale)
-            qt = q.t() if need_t else None
             seen = amax_with_nan_as_inf(w) if self.autoscaler else None
         if self.autoscaler is not None:
             self.autoscaler.observe(seen)
-        return q, qt
+        return q
 
 
 class Fp8LinearFunction(torch.autograd.Function):
@@ -116,11 +116,12 @@ class Fp8LinearFunction(torch.autograd.Function):
         k = x.shape[-1]
         x2 = x.reshape(-1, k)
         qx, qxt = quantize_operand(x2, recipe.activation, recipe, rows=True, cols=need_wgrad)
-        qw, _ = cache.get(weight, recipe, need_t=need_dgrad)
+        qw = cache.get(weight, recipe)
         y = fp8_gemm(qx, qw, out_dtype=x.dtype, backend=backend)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        ctx.recipe, ctx.cache, ctx.backend = recipe, cache, backend
+        ctx.recipe, ctx.backend = recipe, backend
+        ctx.qw = qw if need_dgrad else None
         ctx.qxt = qxt
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
         ctx.has_bias = bias is not None
@@ -138,7 +139,7 @@ class Fp8LinearFunction(torch.autograd.Function):
 def fp8_backward(ctx, dy: torch.Tensor):
     """dgrad and wgrad of an FP8 linear from its autograd ctx: (dX as [M, K] or None, dW or None, db or None).
 
-    ctx holds: recipe, cache (the WeightCache), backend, qxt (X^T quantized along the tokens), x_dtype,
+    ctx holds: recipe, qw (W as quantized for the forward), backend, qxt (X^T quantized along the tokens), x_dtype,
     has_bias, bias_dtype, needs_input_grad and the saved weight. Shared by Fp8LinearFunction and by
     layers that wrap communication around the same GEMMs (the sequence-parallel column linear).
     """
@@ -149,8 +150,7 @@ def fp8_backward(ctx, dy: torch.Tensor):
     qdy, qdyt = quantize_operand(dy2, recipe.grad, recipe, rows=need_dgrad, cols=need_wgrad)
     dx = dw = db = None
     if need_dgrad:
-        _, qwt = ctx.cache.get(weight, recipe, need_t=True)
-        dx = fp8_gemm(qdy, qwt, out_dtype=ctx.x_dtype, backend=ctx.backend)
+        dx = fp8_gemm(qdy, ctx.qw.t(), out_dtype=ctx.x_dtype, backend=ctx.backend)
     if need_wgrad:
         # FP32 out where the gradient is accumulated in FP32 (main_grad, FP32 weights); a bf16
         # weight without main_grad is accumulated in bf16 by autograd anyway, so the GEMM writes
@@ -163,7 +163,7 @@ def fp8_backward(ctx, dy: torch.Tensor):
             dw = None
     if ctx.has_bias and ctx.needs_input_grad[2]:
         db = dy2.float().sum(0).to(ctx.bias_dtype)
-    ctx.qxt = None
+    ctx.qxt = ctx.qw = None
     return dx, dw, db
 
 

@@ -80,7 +80,9 @@ class QTensor:
                 "re-quantize the transposed tensor instead"
             )
         scale = self.scale if self.granularity == "tensor" else self.scale.t().contiguous()
-        return replace(self, data=self.data.t().contiguous(), scale=scale)
+        # the copy moves bytes: a uint8 view keeps it to the plainest kernel on every device
+        data = self.data.view(torch.uint8).t().contiguous().view(self.data.dtype)
+        return replace(self, data=data, scale=scale)
 
 
 def _pad_last(x: torch.Tensor, multiple: int, dim: int = -1) -> torch.Tensor:

@@ -11,9 +11,10 @@ Quantizing with torch ops instead, so that inductor fuses it into the norm or Sw
 tried and was slower end to end on an H100: inductor's code for the transposed 128x1 quantization
 (X^T for wgrad) ran far under the Triton kernels' bandwidth.
 
-The weight operands (W and W^T, quantized once per optimizer step by a WeightCache) come in as
-tensors, because a compiled graph cannot hold the cache's bookkeeping; whoever calls this keeps them
-fresh (infir.model.fp8_linears refreshes them before every forward of the model).
+The weight operand (W, quantized once per optimizer step by a WeightCache) comes in as tensors,
+because a compiled graph cannot hold the cache's bookkeeping; whoever calls this keeps it fresh
+(infir.model.fp8_linears refreshes it before every forward of the model). dgrad transposes its bytes
+in backward (`infir::fp8_transpose`) and frees them after the GEMM, as the eager path does.
 """
 from __future__ import annotations
 
@@ -39,6 +40,19 @@ def fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor,
 @fp8_mm.register_fake
 def _(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("infir::fp8_transpose", mutates_args=())
+def fp8_transpose(data: torch.Tensor, scale: torch.Tensor, gran: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """W^T of a "block" or "tensor" quantized W: the same FP8 values, bytes and block scales transposed."""
+    qt = QTensor(data, scale, gran).t()
+    # an op's outputs may not alias its inputs: a per-tensor W^T shares W's 0-dim scale
+    return qt.data, (qt.scale.clone() if qt.scale is scale else qt.scale)
+
+
+@fp8_transpose.register_fake
+def _(data, scale, gran):
+    return data.new_empty((data.shape[1], data.shape[0])), scale.new_empty(scale.shape[::-1])
 
 
 @torch.library.custom_op("infir::fp8_quantize_pair", mutates_args=())
@@ -89,20 +103,19 @@ class TracedFp8Linear(torch.autograd.Function):
     """Y = X W^T with fprop, dgrad and wgrad in FP8, as Fp8LinearFunction, for torch.compile.
 
     Inputs: x [M, K] (activation dtype), weight [N, K] (only for its gradient's dtype and shape),
-    w / w_scale (W quantized along K), wt / wt_scale (W^T: the same blocks for "block"; None: W's scale),
-    bias or None,
-    then the recipe's fields as plain values (dynamo specialises on them).
+    w / w_scale (W quantized along K), bias or None, then the recipe's fields as plain values (dynamo
+    specialises on them).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, w, w_scale, wt, wt_scale, bias, w_gran: str, act_gran: str, grad_gran: str,
+    def forward(ctx, x, weight, w, w_scale, bias, w_gran: str, act_gran: str, grad_gran: str,
                 scale_format: str, fmt: str):
         need_wgrad = ctx.needs_input_grad[1]
         (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
         y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        saved = [wt, w_scale if wt_scale is None else wt_scale]
+        saved = [w, w_scale]
         if xt is not None:
             saved += [xt[0], xt[1]]
             ctx.xt_gran = xt[2]
@@ -114,21 +127,22 @@ class TracedFp8Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        wt, wt_scale, *xt = ctx.saved_tensors
+        w, w_scale, *xt = ctx.saved_tensors
         (qdy, sdy, gdy), dyt = quantize_pair(dy, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols=need_wgrad)
-        dx = fp8_mm(qdy, sdy, gdy, wt, wt_scale, ctx.w_gran, ctx.x_dtype) if need_dgrad else None
+        dx = None
+        if need_dgrad:
+            wt, wt_scale = fp8_transpose(w, w_scale, ctx.w_gran)
+            dx = fp8_mm(qdy, sdy, gdy, wt, wt_scale, ctx.w_gran, ctx.x_dtype)
         # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
         dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype) if need_wgrad else None
-        db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
-        return dx, dw, None, None, None, None, db, None, None, None, None, None
+        db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[4] else None
+        return dx, dw, None, None, db, None, None, None, None, None
 
 
-def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, wqt: QTensor, bias: torch.Tensor | None, recipe) -> torch.Tensor:
-    """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operands (wq, wqt:
-    WeightCache.get(weight, recipe, need_t=True), made outside the compiled region)."""
+def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe) -> torch.Tensor:
+    """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operand (wq:
+    WeightCache.get(weight, recipe), made outside the compiled region)."""
     k = x.shape[-1]
-    # A per-tensor W^T shares W's scale tensor; autograd.Function under dynamo takes no tensor twice.
-    wt_scale = None if wqt.scale is wq.scale else wqt.scale
-    y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, wqt.data, wt_scale, bias,
+    y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, bias,
                               wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt)
     return y.reshape(*x.shape[:-1], y.shape[-1])

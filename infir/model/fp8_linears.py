@@ -62,7 +62,7 @@ class _Fp8(object):
             x = _activation_dtype(x)
             cache = self.weight_cache
             with torch.autocast(x.device.type, enabled=False):
-                return traced_linear(x, weight, cache.q, cache.qt, bias, self.fp8_recipe)
+                return traced_linear(x, weight, cache.q, bias, self.fp8_recipe)
         return self._fp8_matmul_eager(x, weight, bias)
 
     @torch.compiler.disable
@@ -115,7 +115,7 @@ def refresh_fp8_weights(model: torch.nn.Module, *_args, **_kwargs) -> None:
     """
     for module in model.modules():
         if isinstance(module, _Fp8):
-            module.weight_cache.get(module.weight, module.fp8_recipe, need_t=True)
+            module.weight_cache.get(module.weight, module.fp8_recipe)
 
 
 def has_fp8_linears(model: torch.nn.Module) -> bool:
@@ -186,11 +186,12 @@ class Fp8GatheredColumn(torch.autograd.Function):
         qx, qxt = _quantize_shard(x.reshape(-1, k), recipe, group, rows=True, cols=need_wgrad)
         qx = _all_gather_q(qx, 0, group)
         ctx.qxt = _all_gather_q(qxt, 1, group) if need_wgrad else None
-        qw, _ = cache.get(weight, recipe, need_t=ctx.needs_input_grad[0])
+        qw = cache.get(weight, recipe)
         y = fp8_gemm(qx, qw, out_dtype=x.dtype)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        ctx.recipe, ctx.cache, ctx.group, ctx.backend = recipe, cache, group, "auto"
+        ctx.recipe, ctx.group, ctx.backend = recipe, group, "auto"
+        ctx.qw = qw if ctx.needs_input_grad[0] else None
         ctx.x_shape, ctx.x_dtype, ctx.has_bias = x.shape, x.dtype, bias is not None
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(weight)

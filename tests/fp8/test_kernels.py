@@ -79,11 +79,11 @@ def test_token_kernels_give_both_layouts_in_every_config():
     check_token_layouts(rand((200, 300)))
 
 
-def test_block_kernel_transpose_holds_the_same_values():
+def test_block_kernel_and_its_transpose_hold_the_reference_values():
     w = rand((260, 200))
-    q, qt = kn.quantize_block_triton(w, transpose=True)
+    q = kn.quantize_block_triton(w)
     assert_same_q(q, quantize_reference(w, "block"))
-    assert_same_q(qt, quantize_reference(w, "block").t())
+    assert_same_q(q.t(), quantize_reference(w, "block").t())
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
@@ -135,8 +135,7 @@ def test_gpu_kernels_match_reference_bitwise(shape):
             for fmt in ("e4m3", "e5m2") if small else ("e4m3",):
                 assert_same_q(quantize(x, gran, sf, fmt, impl="triton"), quantize_reference(xc, gran, sf, fmt))
     check_token_layouts(x, every_config=shape == (4097, 3583))  # each config compiles once: one shape is enough
-    _, wt = kn.quantize_block_triton(x, transpose=True)
-    assert_same_q(wt, quantize_reference(xc, "block").t())
+    assert_same_q(kn.quantize_block_triton(x).t(), quantize_reference(xc, "block").t())
     assert_same_q(kn.quantize_two_level_triton(x, "fp32", fold=True),
                   fold_two_level(quantize_reference(xc, "two_level", "fp32")))
 
@@ -166,7 +165,8 @@ def test_gpu_scaled_mm_matches_emulated(mkn):
     M, K, N = mkn
     x, w, g = rand((M, K), "cuda"), rand((N, K), "cuda"), rand((M, N), "cuda")
     qx, qxt = kn.quantize_token_triton(x, rows=True, cols=True)
-    qw, qwt = kn.quantize_block_triton(w, transpose=True)
+    qw = kn.quantize_block_triton(w)
+    qwt = qw.t()
     qg, qgt = kn.quantize_token_triton(g, rows=True, cols=True)
     for a, b in ((qx, qw), (qg, qwt), (qgt, qxt)):  # fprop, dgrad, wgrad
         for dt in (torch.bfloat16, torch.float32):
@@ -194,20 +194,18 @@ def test_gpu_two_level_gemm_matches_emulated():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(256, 384), (1536, 8960), (4864, 896)])
-def test_weight_transpose_bytes_equal_transposed_weight_bytes_gpu(shape):
-    """W^T written by the block and per-tensor kernels is W's FP8 bytes transposed (dgrad reads it).
+def test_transposed_operands_equal_the_cpu_reference_gpu(shape):
+    """dgrad's W^T (the GPU weight quantization, transposed) and a per-tensor X^T equal the CPU
+    reference's bytes at Qwen shapes.
 
-    The transposed store once skipped elements on an H100, leaving whatever the allocator held in
-    W^T (NaN codes in every dgrad); the caching allocator is first filled with 0x7F (E4M3 NaN) so
+    An in-kernel transposed store once skipped elements on an H100, leaving whatever the allocator
+    held (NaN codes in every dgrad); the caching allocator is first filled with 0x7F (E4M3 NaN) so
     that a skipped store shows here instead of hiding behind zeroed fresh memory.
     """
-    from infir.fp8.kernels import quantize_block_triton, quantize_tensor_triton
-
     garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
     del garbage
-    w = torch.randn(*shape, device="cuda") * 0.05
-    for q, qt in (quantize_block_triton(w, "ue8m0", "e4m3", transpose=True),
-                  quantize_block_triton(w, "fp32", "e4m3", transpose=True),
-                  quantize_tensor_triton(w, "fp32", "e4m3", transpose=True)):
-        assert torch.equal(qt.data.view(torch.uint8), q.data.view(torch.uint8).t())
-        assert torch.equal(qt.scale, q.scale.t() if q.scale.dim() == 2 else q.scale)
+    w = torch.randn(*shape) * 0.05
+    for sf in ("ue8m0", "fp32"):
+        assert_same_q(kn.quantize_block_triton(w.cuda(), sf).t(), quantize_reference(w, "block", sf).t())
+    _, xt = kn.quantize_tensor_triton(w.cuda(), "fp32", transpose=True)
+    assert_same_q(xt, quantize_reference(w, "tensor", "fp32").t())

@@ -43,10 +43,9 @@ def _compare(recipe_name, device, backend):
     cache = WeightCache()
 
     def traced(x, w, b):
-        wq, wqt = cache.get(w, recipe, need_t=True)
-        return compiled(x, w, wq, wqt, b)
+        return compiled(x, w, cache.get(w, recipe), b)
 
-    compiled = torch.compile(lambda x, w, wq, wqt, b: traced_linear(x, w, wq, wqt, b, recipe), backend=backend, fullgraph=True)
+    compiled = torch.compile(lambda x, w, wq, b: traced_linear(x, w, wq, b, recipe), backend=backend, fullgraph=True)
     out = _run(traced, x, w, b, dy)
     return ref, out
 

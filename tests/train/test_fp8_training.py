@@ -48,7 +48,7 @@ def test_weights_are_quantized_once_per_optimizer_step(demo_root, tmp_path, monk
 
     calls = []
     real = WeightCache._quantize
-    monkeypatch.setattr(WeightCache, "_quantize", lambda self, w, recipe, need_t: (calls.append(id(self)), real(self, w, recipe, need_t))[1])
+    monkeypatch.setattr(WeightCache, "_quantize", lambda self, w, recipe: (calls.append(id(self)), real(self, w, recipe))[1])
     cfg = compose([*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", f"run_dir={tmp_path}",
                    "stage.iters=2", "stage.micro_batch=4", "stage.global_batch=8", "stage.seq_length=128"])
     trainer = Trainer(cfg)

@@ -684,19 +684,19 @@ def quantize_token_triton(x2, scale_format="ue8m0", fmt="e4m3", rows=True, cols=
     return _token_entry(x2, scale_format, fmt, rows, cols, block_m, config)(x2)
 
 
-# _W_T_BY_TORCH: W^T for dgrad is QTensor.t() of W, its bytes transposed by torch. The block and
-# per-tensor kernels once wrote W^T themselves from the transposed tile; on an H100 (Triton 3.6)
-# that store left parts of W^T holding stale allocator bytes, so FP8 dgrads came out NaN
-# (Triton's CPU interpreter was exact). A weight is quantized once per optimizer step, so the
-# extra read of its FP8 bytes costs about 1 ms a step at 1.5B. The transposed activation kernels
-# are held to the CPU reference on the GPU by tests/fp8 (with NaN bytes left in reused memory).
-def _block_entry(x2, scale_format, fmt, transpose):
+# _W_T_BY_TORCH: W^T for dgrad is QTensor.t() of W, its bytes transposed by torch in backward and
+# freed after the dgrad GEMM (no second FP8 copy of a weight is kept). The block and per-tensor
+# kernels once wrote W^T themselves from the transposed tile; on an H100 (Triton 3.6) that store
+# left parts of W^T holding stale allocator bytes, so FP8 dgrads came out NaN (Triton's CPU
+# interpreter was exact). The transposed activation kernels are held to the CPU reference on the
+# GPU by tests/fp8 (with NaN bytes left in reused memory).
+def _block_entry(x2, scale_format, fmt):
     first = _pick("block", None)
     cands = [first] + [{"num_warps": w} for w in (4, 8, 16) if w != first["num_warps"]]
-    return _best(lambda c: _block_entry_cfg(x2, scale_format, fmt, transpose, c), cands, x2)
+    return _best(lambda c: _block_entry_cfg(x2, scale_format, fmt, c), cands, x2)
 
 
-def _block_entry_cfg(x2, scale_format, fmt, transpose, cfg):
+def _block_entry_cfg(x2, scale_format, fmt, cfg):
     (fmax, ue, out, div), dt = _consts(fmt, scale_format)
     soft = SOFT_CAST
     M, K = x2.shape
@@ -712,19 +712,18 @@ def _block_entry_cfg(x2, scale_format, fmt, transpose, cfg):
         q = torch.empty((M, K), dtype=dt, device=dev)
         s = torch.empty((n_mb, n_kb), dtype=f32, device=dev)
         launch(idx, x, q.view(u8) if soft else q, s, *tail)
-        out_q = QTensor(q, s, "block", scale_format, fmt)
-        return out_q, (out_q.t() if transpose else None)  # see _W_T_BY_TORCH
+        return QTensor(q, s, "block", scale_format, fmt)
     return run
 
 
-def quantize_block_triton(x2, scale_format="ue8m0", fmt="e4m3", transpose=False):
-    """128x128 blocks; with transpose=True also W^T's bytes (same values, scales transposed)."""
+def quantize_block_triton(x2, scale_format="ue8m0", fmt="e4m3") -> QTensor:
+    """128x128 blocks. dgrad's W^T is the result's .t() (see _W_T_BY_TORCH)."""
     key = ("block", x2.shape, x2.stride(), x2.dtype, x2.device, x2.data_ptr() & 15 == 0,
-           scale_format, fmt, transpose, SOFT_CAST, DIV_OVERRIDE)
+           scale_format, fmt, SOFT_CAST, DIV_OVERRIDE)
     run = _ENTRIES.get(key)
     if run is None:
         _check_device(x2)
-        run = _ENTRIES[key] = _block_entry(x2, scale_format, fmt, transpose)
+        run = _ENTRIES[key] = _block_entry(x2, scale_format, fmt)
     return run(x2)
 
 
@@ -826,7 +825,7 @@ def _tensor_entry(x2, scale_format, fmt, given, transpose, record):
             amax_launch(idx, x if contiguous else x.contiguous(), part, M * K, blk)
         launch(idx, x, q.view(u8) if soft else q, s, part, seen, *tail)
         out_q = QTensor(q, s, "tensor", scale_format, fmt)
-        return out_q, (out_q.t() if transpose else None)  # see _W_T_BY_TORCH
+        return out_q, (out_q.t() if transpose else None)  # X^T of a per-tensor activation
     run.dummy_f = dummy_f
     return run
 
@@ -860,7 +859,7 @@ def quantize_triton(x: torch.Tensor, granularity: str, scale_format: str = "ue8m
     if granularity == "token":
         q, _ = quantize_token_triton(x2, scale_format, fmt)
     elif granularity == "block":
-        q, _ = quantize_block_triton(x2, scale_format, fmt)
+        q = quantize_block_triton(x2, scale_format, fmt)
     elif granularity == "two_level":
         q = quantize_two_level_triton(x2, scale_format, fmt)
     elif granularity == "tensor":
