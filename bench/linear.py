@@ -1,7 +1,9 @@
 """FP8 linear fwd+bwd vs bf16 nn.Linear (and torchao's Float8BlockwiseLinear) at Qwen2.5 shapes.
 
 Each FP8 step re-quantizes the weight (one micro-batch per optimizer step, the worst case for
-FP8); --cached-weight keeps it, as gradient accumulation over micro-batches does. Also reports
+FP8); --cached-weight keeps it, as gradient accumulation over micro-batches does. --compiled runs
+both sides through torch.compile, the FP8 one as compiled training layers do (infir.fp8.traced: the
+weight quantized outside the graph, the linear one graph of custom ops). Also reports
 the share of the FP8 step spent in quantization kernels, and GEMM-only rates of the blockwise
 scaled_mm path vs the MOSS two-level Triton GEMM.
 """
@@ -17,6 +19,7 @@ from bench._common import base_parser, bench_ms, emit, markdown_table  # noqa: E
 from infir.fp8 import Fp8Linear, fp8_gemm  # noqa: E402
 from infir.fp8 import kernels as kn  # noqa: E402
 from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton  # noqa: E402
+from infir.fp8.traced import traced_linear  # noqa: E402
 
 # (model, projection, K, N): Qwen2.5 hidden / intermediate sizes, fused QKV and gate-up as megatron runs them
 MODELS = {"1.5B": (1536, 8960, 2048), "7B": (3584, 18944, 4608)}
@@ -37,6 +40,18 @@ def fwd_bwd(layer, x, dy, before=None):
         layer.weight.grad = None
         layer(x).backward(dy)
     return step
+
+
+class CompiledFp8(torch.nn.Module):
+    """An Fp8Linear as a compiled training layer runs it: WeightCache.get outside, traced_linear inside."""
+
+    def __init__(self, layer: Fp8Linear):
+        super().__init__()
+        self.layer, self.weight = layer, layer.weight
+        self.fn = torch.compile(lambda x, w, wq: traced_linear(x, w, wq, None, layer.recipe), fullgraph=True)
+
+    def forward(self, x):
+        return self.fn(x, self.weight, self.layer.weight_cache.get(self.weight, self.layer.recipe))
 
 
 def torchao_layer(K, N):
@@ -99,6 +114,7 @@ def main(argv=None):
     p.add_argument("--tokens", default="8192,16384")
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--cached-weight", action="store_true")
+    p.add_argument("--compiled", action="store_true", help="torch.compile both sides (the training path)")
     p.add_argument("--torchao", default="1.5B:8192",
                    help="model:tokens pairs that get the torchao peer row ('' for none); its quantize kernels "
                         "autotune ~45 configs per new shape, so every pair costs about half a minute")
@@ -118,12 +134,13 @@ def main(argv=None):
             dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
             row = {"model": model, "proj": proj, "M,K,N": f"{M},{K},{N}"}
             base = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-            row["bf16 ms"] = bench_ms(fwd_bwd(base, x, dy))
+            row["bf16 ms"] = bench_ms(fwd_bwd(torch.compile(base) if args.compiled else base, x, dy))
             for r in recipes:
                 layer = Fp8Linear(K, N, bias=False, recipe=r, device="cuda", dtype=torch.bfloat16)
                 layer.weight.data.copy_(base.weight.data)
                 before = None if args.cached_weight else layer.weight_cache.invalidate
-                row[f"{r} x"] = row["bf16 ms"] / bench_ms(fwd_bwd(layer, x, dy, before))
+                run = CompiledFp8(layer) if args.compiled else layer
+                row[f"{r} x"] = row["bf16 ms"] / bench_ms(fwd_bwd(run, x, dy, before))
             if f"{model}:{M}" in args.torchao.split(","):
                 ao, ao_note = torchao_layer(K, N)
                 if ao is not None:
@@ -152,7 +169,7 @@ def main(argv=None):
     summary.append({"recipe": "bf16 nn.Linear", "summed ms": totals["bf16 ms"], "speedup vs bf16 (summed)": 1.0})
     q_share = 100 * totals["quant ms"] / totals.get("fp8_blockwise_ue8m0 x", float("nan"))
     sections = [
-        f"weight re-quantized every step: {not args.cached_weight}",
+        f"weight re-quantized every step: {not args.cached_weight}; torch.compile: {args.compiled}",
         "### fwd+bwd speedup over bf16 nn.Linear (x = bf16 ms / recipe ms)", markdown_table(rows),
         "### summed over the shapes", markdown_table(summary),
         f"quantization kernels: {q_share:.1f}% of the fp8_blockwise_ue8m0 step (summed)",

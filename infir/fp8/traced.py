@@ -14,7 +14,7 @@ tried and was slower end to end on an H100: inductor's code for the transposed 1
 The weight operand (W, quantized once per optimizer step by a WeightCache) comes in as tensors,
 because a compiled graph cannot hold the cache's bookkeeping; whoever calls this keeps it fresh
 (infir.model.fp8_linears refreshes it before every forward of the model). dgrad transposes its bytes
-in backward (`infir::fp8_transpose`) and frees them after the GEMM, as the eager path does.
+inside its GEMM op and frees them after, as the eager path does.
 """
 from __future__ import annotations
 
@@ -29,30 +29,23 @@ from .recipe import Recipe
 
 @torch.library.custom_op("infir::fp8_mm", mutates_args=())
 def fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
-           out_dtype: torch.dtype) -> torch.Tensor:
-    """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm)."""
+           out_dtype: torch.dtype, b_transposed: bool = False) -> torch.Tensor:
+    """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm).
+
+    b_transposed: b is stored [K, N] (W for dgrad); its bytes are transposed here (QTensor.t()) and
+    freed after the GEMM. Inside this op, and not as an op of its own, because the partitioner runs
+    an opaque op that needs only forward inputs in the forward and saves its output: W^T would then
+    be made for every layer in the forward and held until its backward.
+    """
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
-    return fp8_gemm(qa, qb, out_dtype=out_dtype)
+    return fp8_gemm(qa, qb.t() if b_transposed else qb, out_dtype=out_dtype)
 
 
 @fp8_mm.register_fake
-def _(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype):
-    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
-
-
-@torch.library.custom_op("infir::fp8_transpose", mutates_args=())
-def fp8_transpose(data: torch.Tensor, scale: torch.Tensor, gran: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """W^T of a "block" or "tensor" quantized W: the same FP8 values, bytes and block scales transposed."""
-    qt = QTensor(data, scale, gran).t()
-    # an op's outputs may not alias its inputs: a per-tensor W^T shares W's 0-dim scale
-    return qt.data, (qt.scale.clone() if qt.scale is scale else qt.scale)
-
-
-@fp8_transpose.register_fake
-def _(data, scale, gran):
-    return data.new_empty((data.shape[1], data.shape[0])), scale.new_empty(scale.shape[::-1])
+def _(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed=False):
+    return a.new_empty((a.shape[0], b.shape[1 if b_transposed else 0]), dtype=out_dtype)
 
 
 @torch.library.custom_op("infir::fp8_quantize_pair", mutates_args=())
@@ -131,8 +124,7 @@ class TracedFp8Linear(torch.autograd.Function):
         (qdy, sdy, gdy), dyt = quantize_pair(dy, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols=need_wgrad)
         dx = None
         if need_dgrad:
-            wt, wt_scale = fp8_transpose(w, w_scale, ctx.w_gran)
-            dx = fp8_mm(qdy, sdy, gdy, wt, wt_scale, ctx.w_gran, ctx.x_dtype)
+            dx = fp8_mm(qdy, sdy, gdy, w, w_scale, ctx.w_gran, ctx.x_dtype, True)
         # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
         dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype) if need_wgrad else None
         db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[4] else None

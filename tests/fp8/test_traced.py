@@ -77,3 +77,38 @@ def test_traced_inductor_equals_eager_function_gpu(recipe):
     with torch._inductor.config.patch(emulate_precision_casts=True):
         ref, out = _compare(recipe, "cuda", "inductor")
     _assert_same(ref, out)
+
+
+def test_weight_transpose_runs_in_the_backward_graph():
+    """dgrad's W^T is made inside the backward GEMM op: the forward graph neither transposes W nor
+    saves a [K, N] copy of it for backward (the partitioner would hold one per layer all forward)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, example_inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    torch._dynamo.reset()
+    recipe = get_recipe("fp8_blockwise_ue8m0")
+    x, w, b, dy = _inputs("cpu", n=128)  # W^T [384, 128] unlike any other saved shape (X^T is [384, 256])
+    cache = WeightCache()
+    fn = torch.compile(lambda x, w, wq, b: traced_linear(x, w, wq, b, recipe),
+                       backend=aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw")), fullgraph=True)
+    x = x.clone().requires_grad_(True)
+    w = w.clone().requires_grad_(True)
+    fn(x, w, cache.get(w, recipe), b).backward(dy)
+
+    def mm_calls(gm):
+        return [n for n in gm.graph.nodes if n.op == "call_function" and "fp8_mm" in str(n.target)]
+
+    transposed = lambda n: bool(n.args[7]) if len(n.args) > 7 else bool(n.kwargs.get("b_transposed", False))
+    assert [transposed(n) for n in mm_calls(graphs["fw"])] == [False]  # fprop only
+    assert sorted(transposed(n) for n in mm_calls(graphs["bw"])) == [False, True]  # wgrad, dgrad
+    n, k = w.shape
+    saved = [a.meta["val"] for a in next(iter(reversed(graphs["fw"].graph.nodes))).args[0] if hasattr(a, "meta")]
+    assert not any(t.shape == (k, n) and t.dtype == cache.q.data.dtype for t in saved if isinstance(t, torch.Tensor))
