@@ -15,12 +15,13 @@ groups, unaligned shards) the layer gathers BF16 and quantizes after, as megatro
 BF16 autocast: the FP8 function takes BF16 activations (the autocast dtype) and FP32 master weights,
 and runs with autocast off inside (its GEMMs are FP8; outputs come back in the activation dtype).
 
-torch.compile: inside a compiled layer the linear runs `infir.fp8.traced` (quantizers as torch ops that
-inductor fuses with the norm or SwiGLU before them, GEMMs as one custom op), so the layer stays one
-graph and the host issues it from generated code; launched from Python between graph breaks, the
+torch.compile: inside a compiled layer the linear runs `infir.fp8.traced` (its quantizers and GEMMs as
+custom ops over the same Triton kernels and scaled_mm), so the layer stays one graph and the host
+issues it from generated code; launched from Python between graph breaks, the
 eager path made the 1.5B FP8 step host-bound (the GPU waited on the CPU). The traced path cannot look
-after the weight cache, so `refresh_fp8_weights` (a forward pre-hook on the model, eager) re-quantizes
-any weight that changed before each forward. Eager callers, the FP8 health monitor's steps and the
+after the weight cache, so `attach_weight_refresh` (a forward pre-hook on the model, eager) re-quantizes
+any weight that changed before each forward; a linear without that hook keeps the eager path even
+when compiled, so it never reads a stale FP8 weight. Eager callers, the FP8 health monitor's steps and the
 sequence-parallel FP8 all-gather keep the Triton path, outside the graph.
 """
 from __future__ import annotations
@@ -52,17 +53,19 @@ class _Fp8(object):
 
     recipe_name = "fp8_blockwise_ue8m0"
     monitor = None  # an infir.train.fp8_health.HealthMonitor, set by the trainer
+    # set by attach_weight_refresh: only then may the compiled path read the weight cache unchecked
+    weight_refreshed = False
 
     def _init_fp8(self):
         self.fp8_recipe = get_recipe(self.recipe_name)
         self.weight_cache = WeightCache(name="")
 
     def fp8_matmul(self, x, weight, bias):
-        if torch.compiler.is_compiling() and not (self.monitor is not None and self.monitor.active):
+        if (torch.compiler.is_compiling() and self.weight_refreshed
+                and not (self.monitor is not None and self.monitor.active)):
             x = _activation_dtype(x)
-            cache = self.weight_cache
             with torch.autocast(x.device.type, enabled=False):
-                return traced_linear(x, weight, cache.q, bias, self.fp8_recipe)
+                return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe)
         return self._fp8_matmul_eager(x, weight, bias)
 
     @torch.compiler.disable
@@ -105,26 +108,24 @@ class Fp8RowLinear(_Fp8, RowLinear):
         return self.fp8_matmul(x, weight, bias)
 
 
-@torch.no_grad()
-def refresh_fp8_weights(model: torch.nn.Module, *_args, **_kwargs) -> None:
-    """Re-quantize the FP8 copy of every weight that changed (WeightCache's storage/version check).
-
-    Registered as a forward pre-hook of the model by `attach_weight_refresh`: the compiled layers read
-    the caches' tensors without checking them. A Python loop over the FP8 linears, ~0.1 ms when
-    nothing changed.
-    """
-    for module in model.modules():
-        if isinstance(module, _Fp8):
-            module.weight_cache.get(module.weight, module.fp8_recipe)
+def fp8_linears_of(model: torch.nn.Module) -> list:
+    return [m for m in model.modules() if isinstance(m, _Fp8)]
 
 
-def has_fp8_linears(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, _Fp8) for m in model.modules())
+def attach_weight_refresh(model: torch.nn.Module, linears: list | None = None):
+    """Before every forward of `model`, re-quantize the FP8 copy of each weight that changed
+    (WeightCache's storage/version check): compiled layers read the caches without checking them.
+    Returns the hook handle."""
+    linears = fp8_linears_of(model) if linears is None else linears
+    for m in linears:
+        m.weight_refreshed = True
 
+    @torch.no_grad()
+    def refresh(_module, _args):
+        for m in linears:
+            m.weight_cache.get(m.weight, m.fp8_recipe)
 
-def attach_weight_refresh(model: torch.nn.Module):
-    """Keep the FP8 weight caches fresh before every forward of `model` (returns the hook handle)."""
-    return model.register_forward_pre_hook(lambda mod, args: refresh_fp8_weights(mod))
+    return model.register_forward_pre_hook(refresh)
 
 
 def fp8_gather_supported(recipe, x: torch.Tensor, tp_group) -> bool:

@@ -170,10 +170,11 @@ def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int, chunked_
     model.chunked_loss, model.loss_chunk_tokens = chunked_loss, loss_chunk_tokens
     if model.embedding is not None:
         model.embedding.register_forward_hook(_embedding_to_autocast_dtype)
-    from infir.model.fp8_linears import attach_weight_refresh, has_fp8_linears
+    from infir.model.fp8_linears import attach_weight_refresh, fp8_linears_of
 
-    if has_fp8_linears(model):
-        attach_weight_refresh(model)
+    fp8_linears = fp8_linears_of(model)
+    if fp8_linears:
+        attach_weight_refresh(model, fp8_linears)
     return model
 
 

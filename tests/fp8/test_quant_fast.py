@@ -13,24 +13,7 @@ import triton.language as tl
 from infir.fp8 import kernels as kn
 from infir.fp8.kernels import quant as kq
 from infir.fp8.quantize import quantize_reference
-
-
-
-def rand(shape, device="cpu", dtype=torch.bfloat16):
-    g = torch.Generator(device=device)
-    g.manual_seed(torch.seed())  # fresh inputs every run
-    x = torch.randn(shape, generator=g, device=device) * torch.exp(torch.randn(shape, generator=g, device=device) * 2)
-    return x.to(dtype)
-
-
-def assert_same_q(a, b):
-    assert a.granularity == b.granularity and a.data.dtype == b.data.dtype
-    a_bytes, b_bytes = a.data.view(torch.uint8).cpu(), b.data.view(torch.uint8).cpu()
-    diff = (a_bytes != b_bytes).nonzero()
-    assert len(diff) == 0, f"{len(diff)} FP8 bytes differ ({a.granularity}, {a.scale_format}), first at {diff[:3].tolist()}"
-    assert torch.equal(a.scale.cpu(), b.scale.cpu()), "scales differ"
-    if a.granularity == "two_level":
-        assert torch.equal(a.global_scale.cpu(), b.global_scale.cpu()) and torch.equal(a.local_exp.cpu(), b.local_exp.cpu())
+from qcheck import assert_same_q, rand
 
 
 def quantize_two_level_folded_ref(x, sf):

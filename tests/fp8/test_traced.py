@@ -112,3 +112,33 @@ def test_weight_transpose_runs_in_the_backward_graph():
     n, k = w.shape
     saved = [a.meta["val"] for a in next(iter(reversed(graphs["fw"].graph.nodes))).args[0] if hasattr(a, "meta")]
     assert not any(t.shape == (k, n) and t.dtype == cache.q.data.dtype for t in saved if isinstance(t, torch.Tensor))
+
+
+def test_compiled_fp8_linear_sees_weight_updates_with_or_without_the_refresh_hook():
+    """The compiled path reads the weight cache without checking it, so it is taken only where
+    attach_weight_refresh keeps the cache fresh; a linear compiled without the hook runs the eager
+    path. Either way an in-place weight update between calls reaches the output."""
+    from infir.model.fp8_linears import _Fp8, attach_weight_refresh
+
+    class Bare(_Fp8, torch.nn.Module):
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self._init_fp8()
+            self.weight = torch.nn.Parameter(torch.randn(128, 256) * 0.05)
+
+        def forward(self, x):
+            return self.fp8_matmul(x, self.weight, None)
+
+    x = torch.randn(16, 256, dtype=torch.bfloat16)
+    for hooked in (False, True):
+        torch._dynamo.reset()
+        layer = Bare()
+        if hooked:
+            attach_weight_refresh(layer)
+        layer(x)  # an eager call first: the cache holds a copy that the updates below make stale
+        compiled = torch.compile(layer, backend="aot_eager")
+        with torch.no_grad():
+            for scale in (1.0, 2.0):
+                layer.weight.mul_(scale)
+                ref = fp8_linear(x, layer.weight, None, layer.fp8_recipe, weight_cache=WeightCache())
+                assert torch.equal(compiled(x), ref), (hooked, scale)
