@@ -85,7 +85,8 @@ def _indexed_tokens(prefix: str) -> int | None:
 def parse_mixture(spec: dict, base_dir: Path, root: Path | None = None) -> list[Phase]:
     if not isinstance(spec, dict) or not isinstance(spec.get("phases"), list) or not spec["phases"]:
         raise MixtureError("a mixture spec needs a non-empty list 'phases'")
-    root = Path(root) if root is not None else Path(spec["root"]) if spec.get("root") else base_dir
+    # "." when unset, not base_dir itself: a relative base_dir joined to itself doubled every prefix.
+    root = Path(root) if root is not None else Path(spec.get("root") or ".")
     if not root.is_absolute():
         root = base_dir / root
     phases, names = [], set()

@@ -1,5 +1,6 @@
 """Mixtures: a phased YAML spec -> megatron blends whose realised token shares match the spec."""
 import json
+from pathlib import Path
 from collections import Counter
 
 import pytest
@@ -125,3 +126,12 @@ def test_a_resolved_mixture_file_runs_its_phases_in_order(built):
             assert abs(ids[j] / (end - start) - source.weight) < 0.01, (name, source.name)
     with pytest.raises(IndexError):
         train[20_000]
+
+
+def test_a_relative_base_dir_resolves_each_prefix_once(tmp_path, monkeypatch):
+    # The demo built under a relative root wrote "root/root/pretrain/..." prefixes: every run then failed.
+    from infir.data.mixture import parse_mixture
+
+    monkeypatch.chdir(tmp_path)
+    phases = parse_mixture(yaml.safe_load(SPEC), Path("demo"))
+    assert {str(s.prefix) for p in phases for s in p.sources} == {"demo/data/plays", "demo/data/math", "demo/data/more_plays"}
