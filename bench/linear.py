@@ -48,6 +48,9 @@ class CompiledFp8(torch.nn.Module):
     def __init__(self, layer: Fp8Linear):
         super().__init__()
         self.layer, self.weight = layer, layer.weight
+        # Every instance shares the lambda's code object, and dynamo's recompile limit (8) counts per
+        # code object: one compiled variant per shape x recipe is expected here, not a leak.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)
         self.fn = torch.compile(lambda x, w, wq: traced_linear(x, w, wq, None, layer.recipe), fullgraph=True)
 
     def forward(self, x):
