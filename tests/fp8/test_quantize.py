@@ -120,7 +120,9 @@ def test_bf16_input_and_batched_leading_dims():
 def heavy_tailed_activations(seed):
     """Student-t values, per-32-group log-normal magnitudes, a few outlier channels."""
     g = torch.Generator().manual_seed(seed)
-    t = torch.distributions.StudentT(3.0).sample((256, 1024))
+    with torch.random.fork_rng():  # StudentT samples from the global RNG: seed it too, or the test is flaky
+        torch.manual_seed(seed)
+        t = torch.distributions.StudentT(3.0).sample((256, 1024))
     groups = torch.exp(torch.randn(256, 32, 1, generator=g) * 2).expand(256, 32, 32).reshape(256, 1024)
     x = t * groups
     x[:, torch.randperm(1024, generator=g)[:8]] *= 30
