@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .autoscale import AutoScaler
 from .formats import amax_with_nan_as_inf, get_format
 from .gemm import fp8_gemm
-from .quantize import QTensor, fold_two_level, quantize_reference, quantize_tensor_ref
+from .quantize import QTensor, fold_two_level, quantize_reference, quantize_tensor_ref, transposed
 from .recipe import Recipe, get_recipe
 
 
@@ -39,7 +39,7 @@ def quantize_operand(x2: torch.Tensor, granularity: str, recipe: Recipe, rows: b
             q, qt = kn.quantize_tensor_triton(x2, sf, fmt, transpose=cols)
             return (q if rows else None), qt
         q = kn.quantize_two_level_triton(x2, sf, fmt, fold=True) if rows else None
-        qt = kn.quantize_two_level_triton(x2.t().contiguous(), sf, fmt, fold=True) if cols else None
+        qt = kn.quantize_two_level_triton(transposed(x2), sf, fmt, fold=True) if cols else None
         return q, qt
     quant = lambda t: quantize_reference(t, granularity, sf, fmt)
     if granularity == "two_level":

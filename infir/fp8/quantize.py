@@ -80,9 +80,20 @@ class QTensor:
                 "re-quantize the transposed tensor instead"
             )
         scale = self.scale if self.granularity == "tensor" else self.scale.t().contiguous()
-        # the copy moves bytes: a uint8 view keeps it to the plainest kernel on every device
-        data = self.data.view(torch.uint8).t().contiguous().view(self.data.dtype)
-        return replace(self, data=data, scale=scale)
+        return replace(self, data=transposed(self.data), scale=scale)
+
+
+def transposed(x: torch.Tensor) -> torch.Tensor:
+    """x^T [C, R] of a 2-D x [R, C], as a new contiguous tensor. On CUDA a Triton kernel
+    (kernels/transpose.py: torch's transposing copy of FP8 bytes ran far under HBM bandwidth there);
+    elsewhere torch, on a uint8 view for FP8, which is also the kernel's reference."""
+    if x.is_cuda:
+        from .kernels.transpose import transpose_2d
+
+        return transpose_2d(x)
+    if x.element_size() == 1:
+        return x.view(torch.uint8).t().contiguous().view(x.dtype)
+    return x.t().contiguous()
 
 
 def _pad_last(x: torch.Tensor, multiple: int, dim: int = -1) -> torch.Tensor:

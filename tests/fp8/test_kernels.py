@@ -192,3 +192,39 @@ def test_transposed_operands_equal_the_cpu_reference_gpu(shape):
         assert_same_q(kn.quantize_block_triton(w.cuda(), sf).t(), quantize_reference(w, "block", sf).t())
     _, xt = kn.quantize_tensor_triton(w.cuda(), "fp32", transpose=True)
     assert_same_q(xt, quantize_reference(w, "tensor", "fp32").t())
+
+
+def _every_transpose_config(x):
+    from infir.fp8.kernels import transpose as tr
+
+    ref = x.t().contiguous()
+    for cfg in tr._CONFIGS:
+        got = tr._entry(x, cfg)(x)
+        assert got.shape == ref.shape and got.is_contiguous(), cfg
+        assert torch.equal(got.view(torch.uint8).cpu() if got.element_size() == 1 else got.cpu(),
+                           ref.view(torch.uint8).cpu() if ref.element_size() == 1 else ref.cpu()), cfg
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16, torch.float32])
+def test_transpose_kernel_equals_torch_in_every_config(dtype):
+    """The backward's transposes (W^T, per-tensor X^T, MOSS X^T) by kernels.transpose_2d: the same
+    bytes as torch's, at shapes with partial tiles, and from a row-strided view (stride(0) > C)."""
+    for shape in [(1, 1), (130, 257), (37, 160), (256, 128)]:
+        _every_transpose_config(rand(shape).to(dtype))
+    wide = rand((70, 300)).to(dtype)
+    _every_transpose_config(wide[:, 13:213])
+    assert torch.equal(kn.transpose_2d(wide[:, :200]).float(), wide[:, :200].t().float())
+    with pytest.raises(ValueError, match="2-D tensor"):
+        kn.transpose_2d(wide[None])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1536, 8960), (4864, 896), (8192, 1536), (4097, 3583)])
+def test_transpose_kernel_equals_torch_gpu(shape):
+    """As on CPU, compiled, at Qwen weight and activation shapes, every configuration, after the
+    allocator was filled with 0x7F bytes (a skipped store would leave them)."""
+    garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
+    del garbage
+    x = rand(shape, device="cuda")
+    _every_transpose_config(x.to(torch.float8_e4m3fn))
+    _every_transpose_config(x)

@@ -7,6 +7,7 @@ from .quant import (
     quantize_triton,
     quantize_two_level_triton,
 )
+from .transpose import transpose_2d
 
 __all__ = [
     "amax_triton",
@@ -15,4 +16,5 @@ __all__ = [
     "quantize_token_triton",
     "quantize_triton",
     "quantize_two_level_triton",
+    "transpose_2d",
 ]
