@@ -95,6 +95,25 @@ def profile_step(trainer) -> dict[str, float]:
     return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
 
 
+def memory_split(trainer) -> dict[str, float]:
+    """Where peak memory goes: what stays allocated between steps (weights, main grads, optimizer
+    states, FP8 weight caches), what one micro-batch's forward leaves for its backward (saved
+    activations), and the peak of that micro-batch's forward + backward. The next step zeroes the
+    gradient buffers first, so this extra pass changes no result."""
+    mb = trainer._micro_batches(trainer.step)[0]
+    torch.cuda.synchronize()
+    static = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss = trainer._forward(mb)
+    torch.cuda.synchronize()
+    saved = torch.cuda.memory_allocated() - static
+    loss.backward()
+    del loss
+    torch.cuda.synchronize()
+    return {"static_GiB": static / 2**30, "saved_act_GiB": saved / 2**30,
+            "mb_peak_GiB": torch.cuda.max_memory_allocated() / 2**30}
+
+
 def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int, profile: bool) -> dict:
     from infir.train.cli import compose
     from infir.train.loop import Trainer
@@ -123,6 +142,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
         "step_ms": dt * 1e3, "tokens/s": round(tps), "TFLOP/s": tflops, "MFU(spec)": tflops / SPEC_PEAK,
         "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
     }
+    row.update(memory_split(trainer))
     ceiling = gemm_ceiling(trainer.size, mbs * seq)
     row["GEMM_ceiling_TFLOP/s"] = ceiling
     row["MFU(ceiling)"] = tflops / ceiling
