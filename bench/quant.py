@@ -51,6 +51,21 @@ def cases(x, k=kn):
         ("two_level folded (MOSS GEMM operand)", lambda: k.quantize_two_level_triton(x, fold=True), read + n + 4 * M),
         ("tensor JIT (amax + quantize: 2 reads + 1 write)", lambda: k.quantize_tensor_triton(x, "fp32"), 2 * read + n),
         ("tensor, given scale (autoscale)", lambda: k.quantize_tensor_triton(x, "fp32", scale=one), read + n),
+    ] + transpose_cases(x, k)
+
+
+def transpose_cases(x, k):
+    """The backward's transposes (W^T for dgrad; per-tensor and MOSS X^T), by our kernel and by
+    torch's transposing copy, which they replaced; bytes = one read + one write."""
+    if not hasattr(k, "transpose_2d"):  # an --old module from before the kernel
+        return []
+    x8 = x.to(torch.float8_e4m3fn)
+    n = x.numel()
+    return [
+        ("transpose FP8 (W^T), Triton", lambda: k.transpose_2d(x8), 2 * n),
+        ("transpose FP8 (W^T), torch x.view(uint8).t().contiguous()", lambda: x8.view(torch.uint8).t().contiguous(), 2 * n),
+        ("transpose BF16 (MOSS X^T), Triton", lambda: k.transpose_2d(x), 4 * n),
+        ("transpose BF16 (MOSS X^T), torch x.t().contiguous()", lambda: x.t().contiguous(), 4 * n),
     ]
 
 
