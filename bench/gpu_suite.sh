@@ -3,6 +3,8 @@
 #   bash bench/gpu_suite.sh tests          pytest -m gpu over every suite
 #   bash bench/gpu_suite.sh kernels        bench/quant.py, bench/linear.py, bench/optim.py
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
+#                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
+#   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
 #   bash bench/gpu_suite.sh step-0.5b      bench/step.py: 0.5B at seq 4096 and 8192, recompute off/selective
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes, 5 at once on one GPU
 # Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
@@ -40,14 +42,18 @@ for stage in "$@"; do
     step-1.5b)
       run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \
         --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 qwen2.5-1.5b:none:fp8_blockwise_fp32 \
-                qwen2.5-1.5b:none:fp8_tensorwise qwen2.5-1.5b:none:moss ;;
+                qwen2.5-1.5b:none:fp8_tensorwise qwen2.5-1.5b:none:moss \
+                qwen2.5-1.5b:none:hf_bf16 qwen2.5-1.5b:none:hf_torchao_tensorwise ;;
+    step-1.5b-8k)
+      run step_1.5b_8k python3 bench/step.py --seq 8192 --steps 3 --accum "$ACCUM" --out "$OUT/step_1.5b_8k.md" \
+        --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 ;;
     step-0.5b)
       run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" \
         --recompute none selective --precision bf16 fp8_blockwise_ue8m0 --out "$OUT/step_0.5b.md" ;;
     parity)
       run parity python3 bench/parity.py --steps 1000 --jobs 5 --root "$OUT/parity" --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
-    *) echo "unknown stage '$stage': tests kernels step-1.5b step-0.5b parity" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b parity" >&2; exit 2 ;;
   esac
 done
 exit $status

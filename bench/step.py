@@ -4,7 +4,8 @@ For each case (model x seq x recompute x precision) it builds the real Trainer o
 warms up, times optimizer steps, and reports tokens/s, TFLOP/s, MFU (of the 989 TFLOP/s dense BF16
 spec peak and of the GEMM ceiling measured here at the model's own shapes) and peak memory. With
 --profile it also splits one step's GPU time into block GEMMs / LM head / attention / optimizer /
-other, which gives f, the share FP8 can speed up.
+other, which gives f, the share FP8 can speed up. Precisions `hf_bf16` and `hf_torchao_tensorwise` run
+the HF transformers peer at the same shape (bench/hf_peer.py), and the report compares us with it.
 
     python bench/step.py --models qwen2.5-0.5b qwen2.5-1.5b --seq 4096 --mbs 2 --recompute none selective
 """
@@ -19,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import base_parser, bench_ms, emit, markdown_table  # noqa: E402
+from hf_peer import HF_PRECISIONS  # noqa: E402
 
 SPEC_PEAK = 989.0
 
@@ -95,6 +97,43 @@ def profile_step(trainer) -> dict[str, float]:
     return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
 
 
+def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float) -> dict:
+    """step(i) three times to warm up (compile, autotune), then `steps` timed: the throughput
+    columns, and the peak memory since the caller reset it."""
+    for i in range(3):
+        step(i)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(3 + i)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    tps = tokens_per_step / dt
+    tflops = tps * flops_per_token / 1e12
+    return {"step_ms": dt * 1e3, "tokens/s": round(tps), "TFLOP/s": tflops, "MFU(spec)": tflops / SPEC_PEAK,
+            "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def run_hf_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int) -> dict:
+    """The HF transformers peer (bench/hf_peer.py) at our model's shape, timed as run_case times ours."""
+    from hf_peer import HfTrainer
+
+    from infir.model.qwen import get_size
+    from infir.train.flops import flops_per_token
+
+    if recompute != "none":
+        raise ValueError(f"the HF peer runs without recomputation, got recompute={recompute}")
+    size = get_size(model)
+    torch.cuda.reset_peak_memory_stats()
+    peer = HfTrainer(size, precision, seq=seq, mbs=mbs, accum=accum, device="cuda")
+    row = {"model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
+           **time_steps(lambda i: peer.train_step(), steps, peer.tokens_per_step, flops_per_token(size, seq))}
+    del peer
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
 def memory_split(trainer) -> dict[str, float]:
     """Where peak memory goes: what stays allocated between steps (weights, main grads, optimizer
     states, FP8 weight caches), what one micro-batch's forward leaves for its backward (saved
@@ -127,21 +166,10 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     ])
     torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(cfg)
-    for _ in range(3):
-        trainer.train_step(trainer.step)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
-        trainer.train_step(trainer.step + i)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
-    tps = trainer.tokens_per_step / dt
-    tflops = tps * trainer.flops_per_token / 1e12
-    row = {
-        "model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
-        "step_ms": dt * 1e3, "tokens/s": round(tps), "TFLOP/s": tflops, "MFU(spec)": tflops / SPEC_PEAK,
-        "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
-    }
+    row = {"model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
+           **time_steps(lambda i: trainer.train_step(trainer.step + i), steps, trainer.tokens_per_step,
+                        trainer.flops_per_token)}
+    tflops = row["TFLOP/s"]
     row.update(memory_split(trainer))
     ceiling = gemm_ceiling(trainer.size, mbs * seq)
     row["GEMM_ceiling_TFLOP/s"] = ceiling
@@ -173,7 +201,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--cases", nargs="*", default=None,
-                   help="explicit MODEL:RECOMPUTE:PRECISION triples instead of the full cross product")
+                   help="explicit MODEL:RECOMPUTE:PRECISION triples instead of the full cross product; "
+                        f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
     rows, profiles = [], []
     if args.cases:
@@ -182,7 +211,10 @@ def main() -> None:
         grid = [(m, seq, rc, prec) for m in args.models for seq in args.seq for rc in args.recompute for prec in args.precision]
     for model, seq, rc, prec in grid:
         try:
-            row = run_case(model, seq, args.mbs, args.accum, rc, prec, args.steps, args.profile)
+            if prec in HF_PRECISIONS:
+                row = run_hf_case(model, seq, args.mbs, args.accum, rc, prec, args.steps)
+            else:
+                row = run_case(model, seq, args.mbs, args.accum, rc, prec, args.steps, args.profile)
         except Exception as e:  # one failing case (OOM, a recipe bug) must not lose the others
             what = "OOM" if isinstance(e, torch.OutOfMemoryError) else f"error: {type(e).__name__}: {str(e)[:120]}"
             row = {"model": model, "precision": prec, "seq": seq, "recompute": rc, "step_ms": what}
@@ -196,7 +228,7 @@ def main() -> None:
     sections = [markdown_table(rows)]
     ratios = []
     for row in rows:
-        if row.get("precision") == "bf16" or not isinstance(row.get("step_ms"), float):
+        if row.get("precision") in ("bf16", *HF_PRECISIONS) or not isinstance(row.get("step_ms"), float):
             continue
         base = next((b for b in rows if b.get("precision") == "bf16" and isinstance(b.get("step_ms"), float)
                      and all(b[k] == row[k] for k in ("model", "seq", "recompute"))), None)
@@ -209,6 +241,13 @@ def main() -> None:
                            "memory vs bf16": row["peak_mem_GiB"] / base["peak_mem_GiB"]})
     if ratios:
         sections.append("FP8 vs BF16, same run:\n\n" + markdown_table(ratios))
+    peers = [{"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "infir precision": r["precision"],
+              "HF peer": h["precision"], "tokens/s vs peer": r["tokens/s"] / h["tokens/s"]}
+             for r in rows if r.get("precision") not in HF_PRECISIONS and isinstance(r.get("step_ms"), float)
+             for h in rows if h.get("precision") in HF_PRECISIONS and isinstance(h.get("step_ms"), float)
+             and (h["model"], h["seq"]) == (r["model"], r["seq"])]
+    if peers:
+        sections.append("infir vs the HF transformers peers (bench/hf_peer.py), same run:\n\n" + markdown_table(peers))
     if profiles:
         cols = ["case"] + sorted({k for r in profiles for k in r if k != "case"})
         sections.append("GPU time by kernel class (one step):\n\n" + markdown_table(profiles, cols))
