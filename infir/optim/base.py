@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from infir.optim.adam_math import AdamScalars
+from infir.optim.packing import packed, packed_buffer
 
 # every param of a group shares (hyper-parameters, step): compute the fp32 scalars once
 _scalars = functools.lru_cache(maxsize=256)(AdamScalars.of)
@@ -90,9 +91,9 @@ class PerParamOptimizer(torch.optim.Optimizer):
                              f"{tuple(p.shape)}")
         state = self.state[p]
         if not state:
-            state.update(self._init_state(p))
-            if self._offloader is not None:
-                state.update(self._offloader.to_host_packed(state))
+            init = self._init_state(p)
+            state.update(self._offloader.to_host_packed(init) if self._offloader is not None
+                         else packed(init, p.device))
             state["step"] = 0
         state["step"] += 1
         beta1, beta2 = group["betas"]
@@ -121,8 +122,20 @@ class PerParamOptimizer(torch.optim.Optimizer):
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self):
+        """torch's, except that a parameter's packed states (packing.py) are given as their one
+        uint8 buffer plus a layout: torch.save refuses views of one storage under several dtypes,
+        and the buffer saves without a copy. load_state_dict reads both forms."""
         self.synchronize()
-        return super().state_dict()
+        sd = super().state_dict()
+        for i, st in sd["state"].items():
+            tensors = {k: v for k, v in st.items() if torch.is_tensor(v)}
+            buf = packed_buffer(tensors)
+            if buf is None:
+                continue
+            base = buf.data_ptr()
+            sd["state"][i] = {**{k: v for k, v in st.items() if not torch.is_tensor(v)}, "packed": buf,
+                              "layout": {k: (v.dtype, tuple(v.shape), v.data_ptr() - base) for k, v in tensors.items()}}
+        return sd
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Exact reload. torch's own loader casts floating states to the param dtype (fp16 scales
@@ -139,12 +152,24 @@ class PerParamOptimizer(torch.optim.Optimizer):
         self.state = defaultdict(dict)
         for i, saved in state_dict["state"].items():
             p = by_id[i]
+            if "packed" in saved:
+                saved = {**{k: v for k, v in saved.items() if k not in ("packed", "layout")},
+                         **_unpacked(saved["packed"], saved["layout"])}
             if self._offloader is not None:
                 tensors = {k: v for k, v in saved.items() if torch.is_tensor(v)}
                 self.state[p] = {k: v for k, v in saved.items() if not torch.is_tensor(v)}
                 self.state[p].update(self._offloader.to_host_packed(tensors))
             else:
-                self.state[p] = {k: v.clone().to(p.device) if torch.is_tensor(v) else v
-                                 for k, v in saved.items()}
+                self.state[p] = {k: v for k, v in saved.items() if not torch.is_tensor(v)}
+                self.state[p].update(packed({k: v for k, v in saved.items() if torch.is_tensor(v)}, p.device))
         for sg, g in zip(saved_groups, self.param_groups):
             g.update({k: v for k, v in sg.items() if k != "params"})
+
+
+def _unpacked(buf: torch.Tensor, layout: dict) -> dict[str, torch.Tensor]:
+    """The named state views of a saved packed buffer (PerParamOptimizer.state_dict)."""
+    out = {}
+    for k, (dtype, shape, offset) in layout.items():
+        n = torch.Size(shape).numel() * dtype.itemsize
+        out[k] = buf[offset:offset + n].view(dtype).view(shape)
+    return out

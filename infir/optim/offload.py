@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from infir.optim.packing import packed, packed_buffer
+
 
 class StateOffloader:
     def __init__(self, max_inflight_bytes: int = 4 << 30):
@@ -42,33 +44,8 @@ class StateOffloader:
 
     @staticmethod
     def to_host_packed(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Copies of ``tensors`` as views into one (pinned, where CUDA exists) host buffer, each
-        at a 64-byte aligned offset."""
-        offsets, total = [], 0
-        for t in tensors.values():
-            offsets.append(total)
-            total += (t.numel() * t.element_size() + 63) // 64 * 64
-        buf = torch.empty(max(total, 64), dtype=torch.uint8,
-                          pin_memory=torch.cuda.is_available())
-        out = {}
-        for (k, t), off in zip(tensors.items(), offsets):
-            view = buf[off:off + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-            view.copy_(t)
-            out[k] = view
-        return out
-
-    @staticmethod
-    def _packed_buffer(host: dict[str, torch.Tensor]):
-        """The one host buffer that ``host``'s tensors are views of, or None when they are not
-        packed (states replaced from outside)."""
-        first = next(iter(host.values()), None)
-        if first is None:
-            return None
-        storage = first.untyped_storage()
-        if any(t.untyped_storage().data_ptr() != storage.data_ptr() or not t.is_contiguous()
-               for t in host.values()):
-            return None
-        return torch.empty(0, dtype=torch.uint8).set_(storage)
+        """Copies of ``tensors`` as views into one (pinned, where CUDA exists) host buffer."""
+        return packed(tensors, "cpu", pin=torch.cuda.is_available())
 
     def _streams_for(self, device: torch.device) -> tuple:
         if device not in self._streams:
@@ -88,7 +65,7 @@ class StateOffloader:
         h2d, compute, d2h = self._streams_for(p.device)
         ready = torch.cuda.Event()
         ready.record()  # p and its gradient as the current stream has left them
-        buf = self._packed_buffer(host)
+        buf = packed_buffer(host)
         sources = [buf] if buf is not None else list(host.values())
         with torch.cuda.stream(h2d):
             for t in sources:

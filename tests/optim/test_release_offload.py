@@ -83,15 +83,21 @@ def test_offloaded_states_give_the_same_result(cls):
     _assert_same(plain, _in_backward(cls, 2, offload=True))
 
 
-def test_offload_checkpoint_round_trip():
+@pytest.mark.parametrize("name,kw", [("offload_adamw", {}), ("flash_adamw", {"offload": True})])
+def test_offload_checkpoint_round_trip(name, kw):
+    """Through torch.save, as the trainer checkpoints: packed states of several dtypes once made
+    it refuse the optimizer's state dict."""
+    import io
     model = _model()
-    opt = build_optimizer("offload_adamw", model.parameters(), lr=1e-2, fused=False)
+    opt = build_optimizer(name, model.parameters(), lr=1e-2, fused=False, **kw)
     assert opt.offload
     _loss(model, _batches(1)[0]).backward()
     opt.step()
-    sd = opt.state_dict()
-    opt2 = build_optimizer("offload_adamw", model.parameters(), lr=1e-2, fused=False)
-    opt2.load_state_dict(sd)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    opt2 = build_optimizer(name, model.parameters(), lr=1e-2, fused=False, **kw)
+    opt2.load_state_dict(torch.load(buf))
     for p in model.parameters():
         for k, v in opt.state[p].items():
             assert torch.equal(v, opt2.state[p][k]) if torch.is_tensor(v) else v == opt2.state[p][k]
@@ -147,23 +153,26 @@ def test_registry_names_dtypes_and_errors():
 
 
 @pytest.mark.parametrize("cls", [FlashAdamW, SRAdamW])
-def test_offloaded_states_are_packed_in_one_host_buffer_per_param(cls):
-    """One buffer per param: a step moves it with one H2D and one D2H copy. A checkpoint
-    reload packs the states again, with the same bits."""
-    from infir.optim.offload import StateOffloader
+@pytest.mark.parametrize("offload", [True, False])
+def test_states_are_packed_in_one_buffer_per_param(cls, offload):
+    """One buffer per param, each state at a 64-byte aligned offset: offloaded, a step moves it
+    with one H2D and one D2H copy; on the device, the allocator holds one block instead of five.
+    A checkpoint reload packs the states again, with the same bits."""
+    from infir.optim.packing import packed_buffer
     model = _model()
-    opt = cls(model.parameters(), lr=1e-2, fused=False, offload=True)
+    opt = cls(model.parameters(), lr=1e-2, fused=False, offload=offload)
     _loss(model, _batches(1)[0]).backward()
     opt.step()
     for p in model.parameters():
         tensors = {k: v for k, v in opt.state[p].items() if torch.is_tensor(v)}
-        buf = StateOffloader._packed_buffer(tensors)
+        buf = packed_buffer(tensors)
         assert buf is not None and buf.numel() >= sum(t.numel() * t.element_size()
                                                       for t in tensors.values())
-    opt2 = cls(model.parameters(), lr=1e-2, fused=False, offload=True)
+        assert all(t.data_ptr() % 64 == 0 for t in tensors.values())
+    opt2 = cls(model.parameters(), lr=1e-2, fused=False, offload=offload)
     opt2.load_state_dict(opt.state_dict())
     for p in model.parameters():
         tensors = {k: v for k, v in opt2.state[p].items() if torch.is_tensor(v)}
-        assert StateOffloader._packed_buffer(tensors) is not None
+        assert packed_buffer(tensors) is not None
         for k, v in tensors.items():
             assert v.dtype == opt.state[p][k].dtype and torch.equal(v, opt.state[p][k])
