@@ -6,7 +6,8 @@ One HBM pass per tensor wherever the scaling unit allows it:
   contraction runs over the tokens).
 - `_quant_token_both_kernel`: both layouts in one launch, fused (one read of a 128x128 tile serves
   both; the transpose of the bf16 input or of the FP8 output goes through shared memory) or split
-  (rows programs + transposing column programs, X read twice).
+  (rows programs + transposing column programs, X read twice; grouped: the two kinds of programs
+  interleaved per 128x128 region, so that the second read may come from L2).
 - `_quant_block_kernel`: one 128x128 scale per tile. W^T for dgrad is W's bytes transposed by torch
   (see _W_T_BY_TORCH: the in-kernel transposed store gave NaN dgrads on an H100).
 - `_quant_two_level_kernel`: MOSS rows: pass 1 finds the row amax, pass 2 (re-read mostly from
@@ -245,8 +246,14 @@ def _quant_rows_kernel(
     the layout scaled_mm reads, so no copy is needed before the GEMM. Programs walk K fastest."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(K, 128)
-    pid_m = pid // n_kb
-    pid_k = pid % n_kb
+    _rows_tile(x_ptr, q_ptr, s_ptr, M, K, stride_xm, pid // n_kb, pid % n_kb, BM, FMAX, UE8M0, OUT_DTYPE, DIV)
+
+
+@triton.jit
+def _rows_tile(x_ptr, q_ptr, s_ptr, M, K, stride_xm, pid_m, pid_k,
+               BM: tl.constexpr, FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
+               DIV: tl.constexpr):
+    """A [BM, 128] tile of X along K: q rows and their 1x128 scales."""
     rm = pid_m * BM + tl.arange(0, BM)
     rk = pid_k * 128 + tl.arange(0, 128)
     mask = (rm[:, None] < M) & (rk[None, :] < K)
@@ -285,13 +292,14 @@ def _quant_cols_t_kernel(x_ptr, qt_ptr, st_ptr, M, K, stride_xm,
 @triton.jit
 def _quant_token_both_kernel(
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, stride_xm,
-    FUSED: tl.constexpr, TRANS_IN: tl.constexpr, BN: tl.constexpr, BM_ROWS: tl.constexpr,
+    FUSED: tl.constexpr, TRANS_IN: tl.constexpr, GROUPED: tl.constexpr, BN: tl.constexpr, BM_ROWS: tl.constexpr,
     FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr,
 ):
     """X along K *and* X^T along M in one launch. FUSED: one read of a 128x128 tile serves both
     (the transpose of the bf16 input (TRANS_IN) or of the FP8 output goes through shared memory);
     else the grid's first programs do rows and the rest do the transposing columns, reading X
-    twice. All configurations give the same bits."""
+    twice, or (GROUPED) both kinds interleaved region by region. All configurations give the same
+    bits."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(K, 128)
     if FUSED:
@@ -315,19 +323,24 @@ def _quant_token_both_kernel(
             qt = tl.trans(_q8(x, st[None, :], _inv_scale(st, UE8M0)[None, :], _ok1(st, DIV), FMAX, OUT_DTYPE, DIV))
         tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], qt, mask=_mask_t(rm, rk, M, K))
         tl.store(st_ptr + pid_m.to(tl.int64) * K + rk, st, mask=rk < K)
+    elif GROUPED:
+        # Split, but the row and column programs of each 128x128 region of X run next to each
+        # other, so that X's second read can come from L2 rather than HBM.
+        rows_per = 128 // BM_ROWS
+        per = rows_per + 128 // BN
+        region = pid // per
+        j = pid % per
+        if j < rows_per:
+            _rows_tile(x_ptr, q_ptr, s_ptr, M, K, stride_xm, (region // n_kb) * rows_per + j, region % n_kb,
+                       BM_ROWS, FMAX, UE8M0, OUT_DTYPE, DIV)
+        else:
+            _cols_t_tile(x_ptr, qt_ptr, st_ptr, M, K, stride_xm, region // n_kb,
+                         (region % n_kb) * (128 // BN) + j - rows_per, BN, FMAX, UE8M0, OUT_DTYPE, DIV)
     else:
         n_row_progs = tl.cdiv(M, BM_ROWS) * n_kb
         if pid < n_row_progs:
-            pid_m = pid // n_kb
-            pid_k = pid % n_kb
-            rm = pid_m * BM_ROWS + tl.arange(0, BM_ROWS)
-            rk = pid_k * 128 + tl.arange(0, 128)
-            mask = (rm[:, None] < M) & (rk[None, :] < K)
-            x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
-            s = _scale_from_amax(tl.max(_abs_nan_inf(x), axis=1), FMAX, UE8M0)
-            q = _q8(x, s[:, None], _inv_scale(s, UE8M0)[:, None], _ok1(s, DIV), FMAX, OUT_DTYPE, DIV)
-            tl.store(q_ptr + rm[:, None].to(tl.int64) * K + rk[None, :], q, mask=mask)
-            tl.store(s_ptr + pid_k.to(tl.int64) * M + rm, s, mask=rm < M)
+            _rows_tile(x_ptr, q_ptr, s_ptr, M, K, stride_xm, pid // n_kb, pid % n_kb,
+                       BM_ROWS, FMAX, UE8M0, OUT_DTYPE, DIV)
         else:
             c = pid - n_row_progs
             n_kt = tl.cdiv(K, BN)
@@ -528,14 +541,16 @@ def _key_of(x: torch.Tensor):
 # same bits). On a GPU the first call for a shape times the candidates of its kernel (_best) and
 # keeps the fastest; _DEFAULT_CFG is tried first, and is the one used without autotuning.
 _BOTH_CONFIGS = (
-    [{"FUSED": True, "TRANS_IN": t, "BN": 128, "BM_ROWS": 32, "num_warps": w} for t in (True, False) for w in (4, 8, 16)]
-    + [{"FUSED": False, "TRANS_IN": False, "BN": bn, "BM_ROWS": 32, "num_warps": w} for bn in (32, 64, 128) for w in (4, 8)]
+    [{"FUSED": True, "TRANS_IN": t, "GROUPED": False, "BN": 128, "BM_ROWS": 32, "num_warps": w}
+     for t in (True, False) for w in (4, 8, 16)]
+    + [{"FUSED": False, "TRANS_IN": False, "GROUPED": g, "BN": bn, "BM_ROWS": 32, "num_warps": w}
+       for g in (False, True) for bn in (32, 64, 128) for w in (4, 8)]
 )
 _COLS_CONFIGS = [{"BN": bn, "num_warps": w} for bn in (32, 64, 128) for w in (4, 8)]
 _DEFAULT_CFG = {
     # H100, 16384x8192 bf16 (bench/quant.py --sweep, 2026-11-23): split BN=64/4 warps 60% of copy
     # bandwidth, the fused 128x128 tile at best 49%; cols BN=64/4 warps 89%; block 8 warps 76% (with W^T)
-    "both": {"FUSED": False, "TRANS_IN": False, "BN": 64, "BM_ROWS": 32, "num_warps": 4},
+    "both": {"FUSED": False, "TRANS_IN": False, "GROUPED": False, "BN": 64, "BM_ROWS": 32, "num_warps": 4},
     "cols": {"BN": 64, "num_warps": 4},
     "rows": {"num_warps": 4},
     "block": {"num_warps": 8},
@@ -543,7 +558,7 @@ _DEFAULT_CFG = {
     "scalar": {"BM": 64, "BK": 128, "num_warps": 4},
     "amax": {"BLOCK": 4096, "num_warps": 8, "per_sm": 4},
 }
-_INTERP_CFG = {"both": _BOTH_CONFIGS[-4], "cols": _COLS_CONFIGS[2]}
+_INTERP_CFG = {"both": _DEFAULT_CFG["both"], "cols": _COLS_CONFIGS[2]}
 _sm_count: dict = {}
 
 
@@ -622,10 +637,15 @@ def _token_entry_cfg(x2, scale_format, fmt, rows, cols, block_m, config):
     if rows and cols:
         cfg = _pick("both", config)
         nw = cfg.pop("num_warps", 4)
-        fused, trans_in, bn, bm_rows = cfg["FUSED"], cfg["TRANS_IN"], cfg["BN"], cfg["BM_ROWS"]
-        n = n_mb * n_kb if fused else triton.cdiv(M, bm_rows) * n_kb + n_mb * triton.cdiv(K, bn)
+        fused, trans_in, grouped, bn, bm_rows = cfg["FUSED"], cfg["TRANS_IN"], cfg["GROUPED"], cfg["BN"], cfg["BM_ROWS"]
+        if fused:
+            n = n_mb * n_kb
+        elif grouped:  # per 128x128 region: its row programs, then its column programs
+            n = n_mb * n_kb * (TOKEN_BLOCK // bm_rows + TOKEN_BLOCK // bn)
+        else:
+            n = triton.cdiv(M, bm_rows) * n_kb + n_mb * triton.cdiv(K, bn)
         launch = Launch(_quant_token_both_kernel, grid1d(n), nw)
-        tail = (M, K, stride, fused, trans_in, bn, bm_rows, fmax, ue, out, div)
+        tail = (M, K, stride, fused, trans_in, grouped, bn, bm_rows, fmax, ue, out, div)
 
         def run(x):
             q = torch.empty((M, K), dtype=dt, device=dev)
