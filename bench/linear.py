@@ -42,16 +42,22 @@ def fwd_bwd(layer, x, dy, before=None):
     return step
 
 
+def compile_static(fn, **kw):
+    """torch.compile specialised to each shape, as a training layer sees one shape. Every shape here
+    reuses a code object (CompiledFp8's lambda, nn.Linear.forward), so dynamo would otherwise turn
+    to dynamic shapes from the second shape on, which no training layer runs; and its recompile
+    limit (8) counts per code object, while one variant per shape x recipe is expected here."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)
+    return torch.compile(fn, dynamic=False, **kw)
+
+
 class CompiledFp8(torch.nn.Module):
     """An Fp8Linear as a compiled training layer runs it: WeightCache.get outside, traced_linear inside."""
 
     def __init__(self, layer: Fp8Linear):
         super().__init__()
         self.layer, self.weight = layer, layer.weight
-        # Every instance shares the lambda's code object, and dynamo's recompile limit (8) counts per
-        # code object: one compiled variant per shape x recipe is expected here, not a leak.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 128)
-        self.fn = torch.compile(lambda x, w, wq: traced_linear(x, w, wq, None, layer.recipe), fullgraph=True)
+        self.fn = compile_static(lambda x, w, wq: traced_linear(x, w, wq, None, layer.recipe), fullgraph=True)
 
     def forward(self, x):
         return self.fn(x, self.weight, self.layer.weight_cache.get(self.weight, self.layer.recipe))
@@ -137,7 +143,7 @@ def main(argv=None):
             dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
             row = {"model": model, "proj": proj, "M,K,N": f"{M},{K},{N}"}
             base = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-            row["bf16 ms"] = bench_ms(fwd_bwd(torch.compile(base) if args.compiled else base, x, dy))
+            row["bf16 ms"] = bench_ms(fwd_bwd(compile_static(base) if args.compiled else base, x, dy))
             for r in recipes:
                 layer = Fp8Linear(K, N, bias=False, recipe=r, device="cuda", dtype=torch.bfloat16)
                 layer.weight.data.copy_(base.weight.data)
