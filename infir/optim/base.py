@@ -91,9 +91,7 @@ class PerParamOptimizer(torch.optim.Optimizer):
                              f"{tuple(p.shape)}")
         state = self.state[p]
         if not state:
-            init = self._init_state(p)
-            state.update(self._offloader.to_host_packed(init) if self._offloader is not None
-                         else packed(init, p.device))
+            state.update(self._packed(self._init_state(p), p))
             state["step"] = 0
         state["step"] += 1
         beta1, beta2 = group["betas"]
@@ -114,6 +112,13 @@ class PerParamOptimizer(torch.optim.Optimizer):
         else:
             self._offloader.run(p, grad, tensors,
                                 lambda dev: self._update(p, grad, dev, group, s, seed))
+
+    def _packed(self, tensors: dict[str, torch.Tensor], p: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Copies of p's state tensors in one buffer: in pinned host memory when offloaded, else
+        on p's device."""
+        if self._offloader is not None:
+            return self._offloader.to_host_packed(tensors)
+        return packed(tensors, p.device)
 
     def synchronize(self) -> None:
         """Wait for every pending host write-back of offloaded states."""
@@ -155,13 +160,8 @@ class PerParamOptimizer(torch.optim.Optimizer):
             if "packed" in saved:
                 saved = {**{k: v for k, v in saved.items() if k not in ("packed", "layout")},
                          **_unpacked(saved["packed"], saved["layout"])}
-            if self._offloader is not None:
-                tensors = {k: v for k, v in saved.items() if torch.is_tensor(v)}
-                self.state[p] = {k: v for k, v in saved.items() if not torch.is_tensor(v)}
-                self.state[p].update(self._offloader.to_host_packed(tensors))
-            else:
-                self.state[p] = {k: v for k, v in saved.items() if not torch.is_tensor(v)}
-                self.state[p].update(packed({k: v for k, v in saved.items() if torch.is_tensor(v)}, p.device))
+            self.state[p] = {k: v for k, v in saved.items() if not torch.is_tensor(v)}
+            self.state[p].update(self._packed({k: v for k, v in saved.items() if torch.is_tensor(v)}, p))
         for sg, g in zip(saved_groups, self.param_groups):
             g.update({k: v for k, v in sg.items() if k != "params"})
 
