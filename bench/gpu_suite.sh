@@ -23,7 +23,9 @@ OUT=${OUT:-outputs/gpu_suite}
 mkdir -p "$OUT"
 if ! python3 -c "import megatron.core, hydra" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .whl/*.whl >/dev/null || exit 3
+    .whl/*.whl >/dev/null || {
+      echo "gpu_suite: megatron-core/Hydra are not installed and .whl/ holds no installable wheels for them;" \
+           "build .whl/ as this script's header says and carry it" >&2; exit 3; }
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -38,7 +40,7 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, rememb
 for stage in "$@"; do
   case $stage in
     # Only the modules holding gpu tests: the rest import packages (math-verify, datasets) a bare device lacks.
-    tests) run tests python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -rl "mark.gpu" tests | sort) ;;
+    tests) run tests python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -rl --include='*.py' "mark.gpu" tests | sort) ;;
     kernels)
       run quant python3 bench/quant.py --out "$OUT/quant.md"
       run linear python3 bench/linear.py --out "$OUT/linear.md"
