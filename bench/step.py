@@ -179,7 +179,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
         row["profile"] = prof
         if precision == "bf16":
             # f: the share FP8 can speed up (block GEMMs, fwd + bwd; LM-head GEMMs taken out).
-            lm = lm_head_ms(trainer.size, mbs * seq) / (dt * 1e3)
+            lm = lm_head_ms(trainer.size, mbs * seq) / row["step_ms"]
             f = max(prof.get("gemm", 0.0) - lm, 0.0)
             r = fp8_gemm_speedup(trainer.size, mbs * seq)
             row.update({"f_block_gemm": f, "r_fp8_gemm": r, "fp8_ceiling": 1.0 / ((1 - f) + f / r)})
@@ -210,6 +210,7 @@ def main() -> None:
     else:
         grid = [(m, seq, rc, prec) for m in args.models for seq in args.seq for rc in args.recompute for prec in args.precision]
     for model, seq, rc, prec in grid:
+        held = torch.cuda.memory_allocated()
         try:
             if prec in HF_PRECISIONS:
                 row = run_hf_case(model, seq, args.mbs, args.accum, rc, prec, args.steps)
@@ -220,6 +221,9 @@ def main() -> None:
             row = {"model": model, "precision": prec, "seq": seq, "recompute": rc, "step_ms": what}
             gc.collect()
             torch.cuda.empty_cache()
+        left = (torch.cuda.memory_allocated() - held) / 2**30
+        if left > 0.25:  # the next case would start with less memory and report a higher peak
+            row["left_allocated_GiB"] = left
         prof = row.pop("profile", None)
         if prof:
             profiles.append({"case": f"{model} {prec} s{seq} {rc}", **{k: f"{100 * v:.1f}%" for k, v in prof.items()}})

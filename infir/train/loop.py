@@ -128,8 +128,6 @@ class Trainer:
             checkpoint.load_weights(src, self.model.module, info)
             self.log.console(f"initialised weights from {src}")
         self._stop_signal = None
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
-            signal.signal(sig, self._on_signal)
 
     def _build_optimizer(self, groups):
         """`optimizer=` by name from infir.optim's registry (torch AdamW for `adamw`).
@@ -272,6 +270,21 @@ class Trainer:
         })
 
     def train(self) -> dict:
+        """Steps to stage end, or until SIGTERM/SIGUSR1 (a scheduler's preemption notice) asks to save and stop.
+
+        The handlers live only while the loop runs: a process that keeps the trainer around (a bench,
+        a notebook) keeps its own handlers, and the handler's bound method does not pin the trainer
+        (its model, optimizer states) in memory once it is dropped.
+        """
+        stops = (signal.SIGTERM, signal.SIGUSR1)
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in stops}
+        try:
+            return self._train_loop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _train_loop(self) -> dict:
         cfg, tr = self.cfg, self.cfg.train
         self._summary("running")
         self.log.console(

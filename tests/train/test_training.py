@@ -59,6 +59,44 @@ def test_killed_run_resumes_on_the_same_loss_curve(demo_root, tmp_path):
     assert summary(run_dir)["status"] == "finished"
 
 
+def test_preemption_signal_saves_stops_and_lets_the_trainer_go(demo_root, tmp_path):
+    """SIGUSR1 mid-run: the step in flight finishes, a checkpoint is written, train() returns; the
+    process's own handler is back afterwards and nothing holds the dropped trainer (a bench that
+    builds one trainer per case must get its memory back)."""
+    import gc
+    import weakref
+
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    mine = []
+    previous = signal.signal(signal.SIGUSR1, lambda *_: mine.append(1))
+    try:
+        trainer = Trainer(compose(demo(demo_root, tmp_path, "stage.iters=20", "train.save_interval=100")))
+        step = trainer.train_step
+
+        def preempted_at_3(i):
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return step(i)
+
+        trainer.train_step = preempted_at_3
+        trainer.train()
+        assert trainer.step == 3 and not mine
+        assert summary(tmp_path)["status"] == "interrupted"
+        assert ckpt_format.resolve(tmp_path / "checkpoints").name == "iter_0000003"
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert mine == [1], "train() must give the process its own SIGUSR1 handler back"
+        gone = weakref.ref(trainer)
+        del trainer, step, preempted_at_3
+        gc.collect()
+        assert gone() is None, gc.get_referrers(gone())
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+        distributed.shutdown()
+
+
 def test_crash_during_save_keeps_the_last_complete_checkpoint(demo_root, tmp_path):
     """A save that dies half-way leaves `latest` on the previous checkpoint, and the run resumes from it."""
     run_dir = tmp_path / "run"
