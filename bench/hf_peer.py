@@ -53,7 +53,9 @@ class HfTrainer:
         total = torch.zeros((), device=self.device)
         for _ in range(self.accum):
             with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                loss = self.model(input_ids=self.ids, labels=self.ids).loss
+                # use_cache=False: a KV cache made in training recompiles every compiled layer per
+                # layer index until dynamo's recompile limit sends the rest of the model to eager.
+                loss = self.model(input_ids=self.ids, labels=self.ids, use_cache=False).loss
             (loss / self.accum).backward()
             total += loss.detach() / self.accum
         self.opt.step()

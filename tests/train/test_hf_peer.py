@@ -35,3 +35,16 @@ def test_both_peer_variants_train():
         assert losses[-1] < losses[0] - 0.5, (precision, losses)  # one fixed batch: it is learned
     with pytest.raises(ValueError, match="one of hf_bf16, hf_torchao_tensorwise"):
         build_hf_model(size, "hf_fp16", torch.device("cpu"), compile_layers=False)
+
+
+def test_compiled_peer_traces_one_graph_for_all_layers():
+    """Every layer shares one compiled graph: a per-layer recompile (the KV cache's layer index, once)
+    ran into dynamo's recompile limit at 28 layers and left the peer mostly eager, 3x slow."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    peer = HfTrainer(get_size("tiny"), "hf_bf16", seq=64, mbs=2, accum=2, device="cpu")
+    for _ in range(2):
+        peer.train_step()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
