@@ -5,6 +5,8 @@ Megatron stays unmodified: this function returns the same tree as megatron's loc
 linear_fc2)) with two substitutions — core attention through SDPA (see attention.py), and the four
 projection classes taken from `linears`, which is where a precision recipe (infir.fp8) swaps in its
 FP8 linears. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the parameter dtype.
+`swiglu`, where a recipe gives one, is the MLP's activation module (fp8_swiglu.py); megatron applies
+it only with `use_te_activation_func` set in the TransformerConfig (qwen.model_config does that).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class LinearClasses:
     row: type = RowLinear
 
 
-def layer_spec(linears: LinearClasses = LinearClasses()) -> ModuleSpec:
+def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None) -> ModuleSpec:
     return ModuleSpec(
         module=TransformerLayer,
         submodules=TransformerLayerSubmodules(
@@ -52,13 +54,14 @@ def layer_spec(linears: LinearClasses = LinearClasses()) -> ModuleSpec:
             pre_mlp_layernorm=RMSNorm,
             mlp=ModuleSpec(
                 module=MLP,
-                submodules=MLPSubmodules(linear_fc1=linears.column, linear_fc2=linears.row),
+                submodules=MLPSubmodules(linear_fc1=linears.column, linear_fc2=linears.row, activation_func=swiglu),
             ),
             mlp_bda=get_bias_dropout_add,
         ),
     )
 
 
-def block_spec(num_layers: int, linears: LinearClasses = LinearClasses()) -> TransformerBlockSubmodules:
+def block_spec(num_layers: int, linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None
+               ) -> TransformerBlockSubmodules:
     """All layers plus the final norm (megatron's default final norm would be its SP-refusing torch norm)."""
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(linears)] * num_layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(linears, swiglu)] * num_layers, layer_norm=RMSNorm)

@@ -20,7 +20,7 @@ def _need(cond: bool, key: str, value, valid: str) -> None:
 
 def validate(cfg: DictConfig) -> None:
     from infir.model.qwen import SIZES, check_parallel
-    from infir.train.precision import RECIPES
+    from infir.train.precision import FP8_RECIPES, RECIPES
 
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -29,6 +29,9 @@ def validate(cfg: DictConfig) -> None:
     st, tr = cfg.stage, cfg.train
     _need(cfg.model.name in SIZES, "model.name", cfg.model.name, f"one of {sorted(SIZES)}")
     _need(cfg.precision.recipe in RECIPES, "precision.recipe", cfg.precision.recipe, f"one of {sorted(RECIPES)}")
+    if cfg.precision.get("fp8_swiglu_input", False):
+        _need(cfg.precision.recipe in FP8_RECIPES, "precision.fp8_swiglu_input", True,
+              f"false with precision.recipe={cfg.precision.recipe} (an FP8 recipe keeps SwiGLU's input in FP8: {', '.join(FP8_RECIPES)})")
     _need(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device, "auto, cpu or cuda")
     _need(isinstance(cfg.parallel.tp, int) and cfg.parallel.tp >= 1, "parallel.tp", cfg.parallel.tp, "an integer >= 1")
     for key in ("seq_length", "global_batch", "micro_batch"):

@@ -19,6 +19,7 @@ class PrecisionRecipe:
     name: str
     compute_dtype: torch.dtype
     linears: LinearClasses = field(default_factory=LinearClasses)
+    swiglu: object | None = None  # ModuleSpec of the MLP activation; None: megatron's SwiGLU, input saved in BF16
 
     def autocast(self, device: torch.device):
         if self.compute_dtype == torch.float32:
@@ -34,11 +35,20 @@ class PrecisionRecipe:
                 cache.step(lr)
 
 
-def _fp8(name: str) -> PrecisionRecipe:
+def _fp8(name: str, fp8_swiglu_input: bool = False) -> PrecisionRecipe:
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    from infir.fp8 import get_recipe as fp8_recipe
     from infir.model.fp8_linears import fp8_linear_classes
+    from infir.model.fp8_swiglu import Fp8InputSwiGLU
 
     # FP8 block GEMMs; embedding, attention, norms, LM head and loss stay BF16/FP32 (InfiR2, LLMQ).
-    return PrecisionRecipe(name, torch.bfloat16, fp8_linear_classes(name))
+    swiglu = None
+    if fp8_swiglu_input:
+        r = fp8_recipe(name)
+        # 1x128 blocks whatever the recipe's GEMM granularity: this copy only feeds SwiGLU's backward.
+        swiglu = ModuleSpec(module=Fp8InputSwiGLU, params={"scale_format": r.scale_format, "fmt": r.fmt})
+    return PrecisionRecipe(name, torch.bfloat16, fp8_linear_classes(name), swiglu)
 
 
 def _te_blockwise() -> PrecisionRecipe:
@@ -59,15 +69,18 @@ def _te_blockwise() -> PrecisionRecipe:
 RECIPES = {
     "bf16": lambda: PrecisionRecipe("bf16", torch.bfloat16),
     "fp32": lambda: PrecisionRecipe("fp32", torch.float32),
-    "fp8_blockwise_ue8m0": lambda: _fp8("fp8_blockwise_ue8m0"),
-    "fp8_blockwise_fp32": lambda: _fp8("fp8_blockwise_fp32"),
-    "fp8_tensorwise": lambda: _fp8("fp8_tensorwise"),
-    "moss": lambda: _fp8("moss"),
+    "fp8_blockwise_ue8m0": lambda **kw: _fp8("fp8_blockwise_ue8m0", **kw),
+    "fp8_blockwise_fp32": lambda **kw: _fp8("fp8_blockwise_fp32", **kw),
+    "fp8_tensorwise": lambda **kw: _fp8("fp8_tensorwise", **kw),
+    "moss": lambda **kw: _fp8("moss", **kw),
     "te_blockwise": _te_blockwise,
 }
+FP8_RECIPES = ("fp8_blockwise_ue8m0", "fp8_blockwise_fp32", "fp8_tensorwise", "moss")
 
 
-def get_recipe(name: str) -> PrecisionRecipe:
+def get_recipe(name: str, fp8_swiglu_input: bool = False) -> PrecisionRecipe:
+    """`fp8_swiglu_input` (conf/precision: true for the FP8 recipes) keeps SwiGLU's input for the
+    backward in FP8 (infir.fp8.swiglu); the config validation refuses it for non-FP8 recipes."""
     if name not in RECIPES:
         raise KeyError(f"precision.recipe={name!r} is not registered; valid: {sorted(RECIPES)}")
-    return RECIPES[name]()
+    return RECIPES[name](fp8_swiglu_input=True) if fp8_swiglu_input else RECIPES[name]()

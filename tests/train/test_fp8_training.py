@@ -75,3 +75,40 @@ def test_health_monitor_logs_every_fp8_layer_and_the_swiglu_output(demo_root, tm
             key = f"fp8/L3.{layer}/{operand}/snr_db"
             assert key in health and health[key] > 10, key
     assert health["fp8/swiglu_amax_max"] == max(health[f"fp8/L{i}.linear_fc2/x/amax"] for i in range(4))
+
+
+def test_fp8_swiglu_input_switch_builds_the_activation_and_trains(demo_root, tmp_path):
+    """precision.fp8_swiglu_input (on in the FP8 configs) puts infir's SwiGLU in every MLP through
+    megatron's activation submodule; off, megatron's own. Both train to nearly the same losses."""
+    import torch
+
+    from infir.model.fp8_swiglu import Fp8InputSwiGLU
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    losses = {}
+    for swiglu_fp8 in (True, False):
+        cfg = compose([*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", f"run_dir={tmp_path / str(swiglu_fp8)}",
+                       "stage.iters=4", f"precision.fp8_swiglu_input={swiglu_fp8}"])
+        try:
+            trainer = Trainer(cfg)
+            acts = [m.activation_func for m in trainer.model.modules() if type(m).__name__ == "MLP"]
+            assert len(acts) == trainer.size.layers
+            assert all(isinstance(a, Fp8InputSwiGLU) for a in acts) == swiglu_fp8
+            assert all(a is torch.nn.functional.silu for a in acts) != swiglu_fp8
+            losses[swiglu_fp8] = [trainer.train_step(i)["loss"] for i in range(4)]
+        finally:
+            distributed.shutdown()
+    assert losses[True][0] == losses[False][0], "the forward is exact; only gradients see the FP8 copy"
+    assert losses[True] != losses[False]
+    for a, b in zip(losses[True], losses[False]):
+        assert abs(a - b) <= 2e-2 * abs(b), losses
+
+
+def test_fp8_swiglu_input_needs_an_fp8_recipe(tmp_path):
+    from infir.train.cli import compose
+    from infir.train.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="precision.fp8_swiglu_input"):
+        validate(compose(["precision=bf16", "+precision.fp8_swiglu_input=true", f"run_dir={tmp_path}"]))

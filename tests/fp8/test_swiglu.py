@@ -1,0 +1,77 @@
+"""SwiGLU with its input saved in FP8 (infir.fp8.swiglu) against the exact BF16/FP32 SwiGLU."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infir.fp8.formats import get_format
+from infir.fp8.quantize import dequantize, quantize_token_ref
+from infir.fp8.swiglu import swiglu, swiglu_backward, swiglu_fp8_input
+
+
+def _h(tokens=64, ffn=320, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # outlier columns as SwiGLU inputs grow them in long runs (LLMQ A.4)
+    h = torch.randn(tokens, 2 * ffn, generator=g) * torch.linspace(0.1, 4.0, 2 * ffn)
+    return h.bfloat16()
+
+
+def _saved_dtypes(fn, h):
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(t), t)[1], lambda t: t):
+        y = fn(h)
+    return y, saved
+
+
+def test_swiglu_backward_is_the_autograd_gradient():
+    h = _h().float().requires_grad_()
+    dy = torch.randn(h.shape[0], h.shape[1] // 2, generator=torch.Generator().manual_seed(1))
+    swiglu(h).backward(dy)
+    torch.testing.assert_close(swiglu_backward(h.detach(), dy), h.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale_format", ["ue8m0", "fp32"])
+def test_forward_is_exact_and_backward_reads_the_fp8_copy(scale_format):
+    h = _h().requires_grad_()
+    dy = torch.randn(h.shape[0], h.shape[1] // 2, generator=torch.Generator().manual_seed(1)).bfloat16()
+    y = swiglu_fp8_input(h, scale_format)
+    assert torch.equal(y, swiglu(h.detach()))
+    y.backward(dy)
+    # exactly the SwiGLU gradient at the dequantized input ...
+    hq = dequantize(quantize_token_ref(h.detach(), get_format("e4m3"), scale_format))
+    assert torch.equal(h.grad, swiglu_backward(hq, dy).bfloat16())
+    # ... which is near the exact gradient, and not equal to it (the copy really is FP8)
+    exact = swiglu_backward(h.detach(), dy)
+    err = (h.grad.float() - exact).norm() / exact.norm()
+    assert 1e-4 < err < 0.06, err
+
+
+def test_saves_one_byte_a_value_instead_of_two():
+    h = _h(tokens=256, ffn=512).requires_grad_()
+    _, saved = _saved_dtypes(swiglu_fp8_input, h)
+    assert {t.dtype for t in saved} == {torch.float8_e4m3fn, torch.float32}
+    assert sum(t.numel() * t.element_size() for t in saved) <= h.numel() * (1 + 4 / 128)
+    _, plain = _saved_dtypes(swiglu, h)
+    assert sum(t.numel() * t.element_size() for t in plain) >= 2 * h.numel()
+
+
+def test_non_finite_input_reaches_the_gradient():
+    """A NaN in h must show up in dh (the trainer's non-finite check), not be rounded away."""
+    h = _h().requires_grad_()
+    with torch.no_grad():
+        h[3, 7] = float("nan")
+    swiglu_fp8_input(h).sum().backward()
+    assert torch.isnan(h.grad[3]).any()
+
+
+def test_compiled_matches_eager():
+    h = _h(tokens=32, ffn=256)
+    dy = torch.randn(32, 256, generator=torch.Generator().manual_seed(2)).bfloat16()
+    grads = []
+    for fn in (swiglu_fp8_input, torch.compile(swiglu_fp8_input, fullgraph=True)):
+        x = h.clone().requires_grad_()
+        y = fn(x)
+        y.backward(dy)
+        grads.append((y.detach(), x.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-2, atol=1e-2)
