@@ -8,8 +8,9 @@ dim and dequantized there: half the bytes, as DeepSeek-V3 caches its SwiGLU inpu
 forward output is computed from the exact h, so only the backward sees the rounding; what it
 produces, dh, is quantized to FP8 by FC1's backward anyway.
 
-The quantizer is the reference one (torch ops), not a Triton kernel: inside a compiled layer
-inductor fuses it with the SwiGLU product into one pass over h, and on CPU it is the same code.
+On CUDA (and in Triton's interpreter) two Triton kernels run it (kernels/swiglu.py: one pass over h
+forward, one over the FP8 copy backward), as custom ops so that a compiled layer keeps them whole;
+elsewhere, and for ffn sizes not a multiple of 128, the torch reference below.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .formats import get_format
-from .quantize import QTensor, dequantize, quantize_token_ref
+from .quantize import TOKEN_BLOCK, QTensor, dequantize, quantize_token_ref
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
@@ -36,22 +37,59 @@ def swiglu_backward(h: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return torch.cat([dgate, dy * silu], dim=-1)
 
 
+@torch.library.custom_op("infir::swiglu_fp8_fwd", mutates_args=())
+def _fwd_op(h2: torch.Tensor, scale_format: str, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .kernels.swiglu import swiglu_fp8_fwd
+
+    return swiglu_fp8_fwd(h2, scale_format, fmt)
+
+
+@_fwd_op.register_fake
+def _(h2, scale_format, fmt):
+    m, k = h2.shape
+    return (h2.new_empty((m, k // 2)), h2.new_empty((m, k), dtype=get_format(fmt).dtype),
+            h2.new_empty((m, k // TOKEN_BLOCK), dtype=torch.float32))
+
+
+@torch.library.custom_op("infir::swiglu_fp8_bwd", mutates_args=())
+def _bwd_op(q: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    from .kernels.swiglu import swiglu_fp8_bwd
+
+    return swiglu_fp8_bwd(q, scale, dy2, out_dtype)
+
+
+@_bwd_op.register_fake
+def _(q, scale, dy2, out_dtype):
+    return q.new_empty(q.shape, dtype=out_dtype)
+
+
+def _use_kernels(h: torch.Tensor) -> bool:
+    from .kernels import swiglu as ks
+
+    return ks.supported(h.reshape(-1, h.shape[-1]))
+
+
 class SwiGLUFp8Input(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, scale_format: str, fmt: str):
+        ctx.kernels = _use_kernels(h)
+        ctx.qmeta = (scale_format, fmt, h.dtype, h.shape)
+        if ctx.kernels:
+            y, q, s = _fwd_op(h.reshape(-1, h.shape[-1]), scale_format, fmt)
+            ctx.save_for_backward(q, s)
+            return y.view(*h.shape[:-1], h.shape[-1] // 2)
         q = quantize_token_ref(h, get_format(fmt), scale_format)
         ctx.save_for_backward(q.data, q.scale)
-        ctx.qmeta = (scale_format, fmt, h.dtype)
         return swiglu(h)
 
     @staticmethod
     def backward(ctx, dy):
         data, scale = ctx.saved_tensors
-        scale_format, fmt, dtype = ctx.qmeta
+        scale_format, fmt, dtype, shape = ctx.qmeta
+        if ctx.kernels:
+            return _bwd_op(data, scale, dy.reshape(-1, dy.shape[-1]), dtype).view(shape), None, None
         h = dequantize(QTensor(data, scale, "token", scale_format, fmt))
         return swiglu_backward(h, dy).to(dtype), None, None
-
-
 def swiglu_fp8_input(h: torch.Tensor, scale_format: str = "ue8m0", fmt: str = "e4m3") -> torch.Tensor:
     """swiglu(h), saving h for the backward as FP8 with one `scale_format` scale per 1x128 block."""
     return SwiGLUFp8Input.apply(h, scale_format, fmt)

@@ -75,3 +75,54 @@ def test_compiled_matches_eager():
         grads.append((y.detach(), x.grad))
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-2, atol=1e-2)
+
+
+def _check_kernels_against_reference(h, dy, scale_format, fmt="e4m3"):
+    """The Triton kernels (interpreter on CPU) against the torch twins: FP8 bytes and scales exact,
+    y and dh to within two ulps of their dtype (Triton's exp is not torch's, and y is rounded twice)."""
+    from infir.fp8.kernels import swiglu as ks
+    from qcheck import assert_same_q
+
+    from infir.fp8.quantize import QTensor
+
+    assert ks.supported(h)
+    y, q, s = ks.swiglu_fp8_fwd(h, scale_format, fmt)
+    hc, dyc = h.cpu(), dy.cpu()
+    ref = quantize_token_ref(hc, get_format(fmt), scale_format)
+    assert_same_q(QTensor(q, s, "token", scale_format, fmt), ref)
+    torch.testing.assert_close(y.cpu(), swiglu(hc), rtol=1.6e-2, atol=1e-6)
+    dh = ks.swiglu_fp8_bwd(q, s, dy, h.dtype)
+    want = swiglu_backward(dequantize(ref), dyc).to(h.dtype)
+    torch.testing.assert_close(dh.cpu(), want, rtol=1.6e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale_format", ["ue8m0", "fp32"])
+def test_kernels_match_the_reference(scale_format):
+    from qcheck import rand
+
+    h = rand((37, 2 * 256))  # a partial row block, two 128-column blocks per half
+    h[5, 3] = 0.0
+    h[6, :128] = 0.0  # an all-zero block
+    dy = rand((37, 256))
+    _check_kernels_against_reference(h, dy, scale_format)
+    from infir.fp8.kernels import swiglu as ks
+
+    h[9, 130] = float("nan")  # reaches dh (the trainer's non-finite check) through the NaN scale
+    _, q, s = ks.swiglu_fp8_fwd(h, scale_format, "e4m3")
+    assert torch.isnan(ks.swiglu_fp8_bwd(q, s, dy, h.dtype)[9]).any()
+
+
+def test_shapes_without_whole_blocks_take_the_reference_path():
+    h = _h(tokens=8, ffn=200).requires_grad_()  # 200 % 128 != 0
+    swiglu_fp8_input(h).sum().backward()
+    assert torch.isfinite(h.grad).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale_format", ["ue8m0", "fp32"])
+def test_gpu_kernels_match_the_reference(scale_format):
+    from qcheck import rand
+
+    h = rand((4096 + 8, 2 * 8960), device="cuda")
+    dy = rand((4096 + 8, 8960), device="cuda")
+    _check_kernels_against_reference(h, dy, scale_format)

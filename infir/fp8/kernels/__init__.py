@@ -1,4 +1,4 @@
-"""Triton kernels of infir.fp8; each has its plain-PyTorch twin in infir/fp8/quantize.py or gemm.py."""
+"""Triton kernels of infir.fp8; each has its plain-PyTorch twin in infir/fp8/quantize.py, gemm.py or swiglu.py."""
 from .quant import (
     amax_triton,
     quantize_block_triton,
