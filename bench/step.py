@@ -94,6 +94,8 @@ def profile_step(trainer) -> dict[str, float]:
     total = sum(share.values())
     top = sorted(kernels, reverse=True)[:25]
     print("top kernels (one step):\n" + "\n".join(f"  {100 * t / total:5.1f}% x{n:<4d} {k[:150]}" for t, n, k in top), flush=True)
+    # GPU-busy time beside the step's wall time: their gap is time the GPU waited on the host
+    print(f"kernel time in the profiled step: {total / 1e3:.1f} ms", flush=True)
     return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
 
 
