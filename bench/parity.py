@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -29,6 +30,14 @@ from _common import base_parser, emit, markdown_table  # noqa: E402
 def smoothed_tail(losses: list[float], frac: float = 0.1) -> float:
     n = max(1, int(len(losses) * frac))
     return float(np.mean(losses[-n:]))
+
+
+def curve_from_log(log: Path) -> tuple[list[float], list[float]]:
+    """Training and validation losses as the trainer printed them (train.log_interval=1)."""
+    text = log.read_text()
+    losses = [float(v) for v in re.findall(r"^step \d+/\d+ \| loss ([0-9.eE+-]+|nan|inf)", text, re.M)]
+    vals = [float(v) for v in re.findall(r"^step \d+ \| validation loss ([0-9.eE+-]+|nan|inf)", text, re.M)]
+    return losses, vals
 
 
 def run_dir_of(args, recipe: str) -> Path:
@@ -120,10 +129,14 @@ def main() -> None:
     curves, rows = {}, []
     for recipe in args.recipes:
         run_dir = run_dir_of(args, recipe)
-        records = read_metrics(run_dir / "metrics.jsonl")
-        curves[recipe] = [r["loss"] for r in records if r.get("loss") is not None]
-        vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
-        minutes = json.loads((run_dir / "parity_time.json").read_text())["minutes"]
+        if (run_dir / "metrics.jsonl").exists():
+            records = read_metrics(run_dir / "metrics.jsonl")
+            curves[recipe] = [r["loss"] for r in records if r.get("loss") is not None]
+            vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
+            minutes = json.loads((run_dir / "parity_time.json").read_text())["minutes"]
+        else:  # only the console logs came back from the GPU host (run dirs are too deep to fetch)
+            curves[recipe], vals = curve_from_log(Path(args.root) / f"{args.model}-{recipe}.log")
+            minutes = float("nan")
         rows.append({"recipe": recipe, "steps": len(curves[recipe]), "final val loss": vals[-1] if vals else float("nan"),
                      "tail loss (last 10%)": smoothed_tail(curves[recipe]), "minutes": minutes})
     base = next((r for r in rows if r["recipe"] == "bf16"), None)

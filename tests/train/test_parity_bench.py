@@ -30,3 +30,11 @@ def test_concurrent_parity_runs_match_sequential(tmp_path, demo_root):
     concurrent = _parity(tmp_path, demo_root, jobs=2)
     assert all(len(c) == 4 for c in sequential)
     assert concurrent == sequential
+    # The console logs alone (what a GPU host may send back) give the same curves, to print precision.
+    sys.path.insert(0, str(BENCH.parent))
+    from parity import curve_from_log
+
+    for recipe, curve in zip(("bf16", "fp8_blockwise_ue8m0"), concurrent):
+        losses, vals = curve_from_log(tmp_path / "jobs2" / f"tiny-{recipe}.log")
+        assert len(losses) == 4 and len(vals) == 1
+        assert all(abs(a - b) <= 5e-5 for a, b in zip(losses, curve)), (losses, curve)
