@@ -135,7 +135,11 @@ def main() -> None:
             vals = [r["val_loss"] for r in records if r.get("val_loss") is not None]
             minutes = json.loads((run_dir / "parity_time.json").read_text())["minutes"]
         else:  # only the console logs came back from the GPU host (run dirs are too deep to fetch)
-            curves[recipe], vals = curve_from_log(Path(args.root) / f"{args.model}-{recipe}.log")
+            log = Path(args.root) / f"{args.model}-{recipe}.log"
+            if not log.exists():
+                raise SystemExit(f"no run of {recipe} under {args.root}: neither {run_dir / 'metrics.jsonl'} nor {log} "
+                                 "exists; train it first (drop --report-only) or pass the --root it was trained under")
+            curves[recipe], vals = curve_from_log(log)
             minutes = float("nan")
         rows.append({"recipe": recipe, "steps": len(curves[recipe]), "final val loss": vals[-1] if vals else float("nan"),
                      "tail loss (last 10%)": smoothed_tail(curves[recipe]), "minutes": minutes})

@@ -2,7 +2,8 @@
 
 Why: in a Qwen2.5 layer under an FP8 recipe, the FC1 output h = [gate, up] (2 x ffn values a token)
 is the largest tensor saved for the backward: the FP8 linears save their inputs as 1-byte operands,
-and h in BF16 was over half of what a layer keeps (at 1.5B, 36 of ~70 KB per token). SwiGLU's
+and h in BF16 is over half of what a layer keeps (at 1.5B, 2 x 8960 x 2 B = 35.8 KB a token of the
+~71 KB that bench/step.py's saved_act_GiB works out to: 15.3 GiB over 28 layers x 8192 tokens). SwiGLU's
 backward needs h itself, so it is stored as E4M3 with one scale per 128 values along the feature
 dim and dequantized there: half the bytes, as DeepSeek-V3 caches its SwiGLU inputs (its §3.3). The
 forward output is computed from the exact h, so only the backward sees the rounding; what it
@@ -90,6 +91,8 @@ class SwiGLUFp8Input(torch.autograd.Function):
             return _bwd_op(data, scale, dy.reshape(-1, dy.shape[-1]), dtype).view(shape), None, None
         h = dequantize(QTensor(data, scale, "token", scale_format, fmt))
         return swiglu_backward(h, dy).to(dtype), None, None
+
+
 def swiglu_fp8_input(h: torch.Tensor, scale_format: str = "ue8m0", fmt: str = "e4m3") -> torch.Tensor:
     """swiglu(h), saving h for the backward as FP8 with one `scale_format` scale per 1x128 block."""
     return SwiGLUFp8Input.apply(h, scale_format, fmt)

@@ -6,7 +6,7 @@ linear_fc2)) with two substitutions — core attention through SDPA (see attenti
 projection classes taken from `linears`, which is where a precision recipe (infir.fp8) swaps in its
 FP8 linears. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the parameter dtype.
 `swiglu`, where a recipe gives one, is the MLP's activation module (fp8_swiglu.py); megatron applies
-it only with `use_te_activation_func` set in the TransformerConfig (qwen.model_config does that).
+it only with `use_te_activation_func` set in the TransformerConfig (qwen.build_gpt sets it).
 """
 from __future__ import annotations
 

@@ -83,4 +83,9 @@ def get_recipe(name: str, fp8_swiglu_input: bool = False) -> PrecisionRecipe:
     backward in FP8 (infir.fp8.swiglu); the config validation refuses it for non-FP8 recipes."""
     if name not in RECIPES:
         raise KeyError(f"precision.recipe={name!r} is not registered; valid: {sorted(RECIPES)}")
-    return RECIPES[name](fp8_swiglu_input=True) if fp8_swiglu_input else RECIPES[name]()
+    if not fp8_swiglu_input:
+        return RECIPES[name]()
+    if name not in FP8_RECIPES:
+        raise ValueError(f"precision.fp8_swiglu_input=true needs an FP8 recipe ({', '.join(FP8_RECIPES)}), "
+                         f"not {name!r}: set precision.fp8_swiglu_input=false")
+    return RECIPES[name](fp8_swiglu_input=True)

@@ -26,29 +26,39 @@ _TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32
 
 
 @triton.jit
-def _swiglu_fp8_fwd_kernel(h_ptr, y_ptr, q_ptr, s_ptr, M, F, BM: tl.constexpr, FMAX: tl.constexpr,
-                           UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr, Y_DTYPE: tl.constexpr):
+def _tile(M, F, BM: tl.constexpr):
+    """This program's rows, its 128 columns of `gate` (the same columns + F of `up`), their bounds
+    mask and the rows' offsets into a [M, 2F] tensor."""
     n_fb = F // 128
     pid = tl.program_id(0)
-    pid_m, pid_j = pid // n_fb, pid % n_fb
-    rm = pid_m * BM + tl.arange(0, BM)
-    rk = pid_j * 128 + tl.arange(0, 128)
+    rm = (pid // n_fb) * BM + tl.arange(0, BM)
+    rk = (pid % n_fb) * 128 + tl.arange(0, 128)
     mask = (rm[:, None] < M) & (rk[None, :] < F)
-    row = rm[:, None].to(tl.int64) * (2 * F)
+    return rm, rk, mask, rm[:, None].to(tl.int64) * (2 * F), pid % n_fb, n_fb
+
+
+@triton.jit
+def _quant_store(x, q_ptr, s_ptr, rm, M, mask, FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
+                 DIV: tl.constexpr):
+    """x [BM, 128] as FP8 with one scale per row (the 1x128 rows quantizer's arithmetic)."""
+    s = qk._scale_from_amax(tl.max(qk._abs_nan_inf(x), axis=1), FMAX, UE8M0)
+    tl.store(q_ptr, qk._q8(x, s[:, None], qk._inv_scale(s, UE8M0)[:, None], qk._ok1(s, DIV), FMAX, OUT_DTYPE, DIV),
+             mask=mask)
+    tl.store(s_ptr, s, mask=rm < M)
+
+
+@triton.jit
+def _swiglu_fp8_fwd_kernel(h_ptr, y_ptr, q_ptr, s_ptr, M, F, BM: tl.constexpr, FMAX: tl.constexpr,
+                           UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr, Y_DTYPE: tl.constexpr):
+    rm, rk, mask, row, j, n_fb = _tile(M, F, BM)
     g = tl.load(h_ptr + row + rk[None, :], mask=mask, other=0.0).to(tl.float32)
     u = tl.load(h_ptr + row + F + rk[None, :], mask=mask, other=0.0).to(tl.float32)
     # as torch in the activation dtype: silu rounded to it, then the product rounded
     silu = (g / (1.0 + tl.exp(-g))).to(Y_DTYPE).to(tl.float32)
     tl.store(y_ptr + rm[:, None].to(tl.int64) * F + rk[None, :], (silu * u).to(Y_DTYPE), mask=mask)
-    n_kb = 2 * n_fb
-    sg = qk._scale_from_amax(tl.max(qk._abs_nan_inf(g), axis=1), FMAX, UE8M0)
-    qg = qk._q8(g, sg[:, None], qk._inv_scale(sg, UE8M0)[:, None], qk._ok1(sg, DIV), FMAX, OUT_DTYPE, DIV)
-    tl.store(q_ptr + row + rk[None, :], qg, mask=mask)
-    tl.store(s_ptr + rm.to(tl.int64) * n_kb + pid_j, sg, mask=rm < M)
-    su = qk._scale_from_amax(tl.max(qk._abs_nan_inf(u), axis=1), FMAX, UE8M0)
-    qu = qk._q8(u, su[:, None], qk._inv_scale(su, UE8M0)[:, None], qk._ok1(su, DIV), FMAX, OUT_DTYPE, DIV)
-    tl.store(q_ptr + row + F + rk[None, :], qu, mask=mask)
-    tl.store(s_ptr + rm.to(tl.int64) * n_kb + n_fb + pid_j, su, mask=rm < M)
+    srow = rm.to(tl.int64) * (2 * n_fb)
+    _quant_store(g, q_ptr + row + rk[None, :], s_ptr + srow + j, rm, M, mask, FMAX, UE8M0, OUT_DTYPE, DIV)
+    _quant_store(u, q_ptr + row + F + rk[None, :], s_ptr + srow + n_fb + j, rm, M, mask, FMAX, UE8M0, OUT_DTYPE, DIV)
 
 
 @triton.jit
@@ -63,16 +73,10 @@ def _load_fp8(ptr, mask, SOFT: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.const
 @triton.jit
 def _swiglu_fp8_bwd_kernel(q_ptr, s_ptr, dy_ptr, dh_ptr, M, F, BM: tl.constexpr, SOFT: tl.constexpr,
                            MBITS: tl.constexpr, BIAS: tl.constexpr, H_DTYPE: tl.constexpr):
-    n_fb = F // 128
-    pid = tl.program_id(0)
-    pid_m, pid_j = pid // n_fb, pid % n_fb
-    rm = pid_m * BM + tl.arange(0, BM)
-    rk = pid_j * 128 + tl.arange(0, 128)
-    mask = (rm[:, None] < M) & (rk[None, :] < F)
-    row = rm[:, None].to(tl.int64) * (2 * F)
+    rm, rk, mask, row, j, n_fb = _tile(M, F, BM)
     srow = rm.to(tl.int64) * (2 * n_fb)
-    sg = tl.load(s_ptr + srow + pid_j, mask=rm < M, other=1.0)
-    su = tl.load(s_ptr + srow + n_fb + pid_j, mask=rm < M, other=1.0)
+    sg = tl.load(s_ptr + srow + j, mask=rm < M, other=1.0)
+    su = tl.load(s_ptr + srow + n_fb + j, mask=rm < M, other=1.0)
     g = _load_fp8(q_ptr + row + rk[None, :], mask, SOFT, MBITS, BIAS) * sg[:, None]
     u = _load_fp8(q_ptr + row + F + rk[None, :], mask, SOFT, MBITS, BIAS) * su[:, None]
     dy = tl.load(dy_ptr + rm[:, None].to(tl.int64) * F + rk[None, :], mask=mask, other=0.0).to(tl.float32)
