@@ -55,7 +55,7 @@ for stage in "$@"; do
       run step_1.5b_8k python3 bench/step.py --seq 8192 --steps 3 --accum "$ACCUM" --out "$OUT/step_1.5b_8k.md" \
         --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 ;;
     step-0.5b)
-      run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" \
+      run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" --profile \
         --recompute none selective --precision bf16 fp8_blockwise_ue8m0 --out "$OUT/step_0.5b.md" ;;
     parity)
       run parity python3 bench/parity.py --steps 1000 --jobs 5 --root "$OUT/parity" --out "$OUT/parity.md" \

@@ -82,6 +82,46 @@ def host_cases(x, k=kn):
     ]
 
 
+def traced_host_cases(x):
+    """The ops a compiled FP8 layer calls (infir.fp8.traced), beside what they wrap: where a step is
+    host-bound, the gap between the two is the op layer's own cost."""
+    import torch.nn.functional as F
+
+    from infir.fp8 import quantize
+    from infir.fp8.gemm import fp8_gemm
+    from infir.fp8.traced import fp8_mm
+
+    @torch.library.custom_op("infir_bench::clone", mutates_args=())
+    def clone_op(t: torch.Tensor) -> torch.Tensor:
+        return t.clone()
+
+    from infir.fp8.gemm import scaled_mm_scale
+
+    qx, qw = quantize(x, "token", "ue8m0"), quantize(x, "block", "ue8m0")
+    sb, sbt = scaled_mm_scale(qw), scaled_mm_scale(qw, transposed=True)  # as a weight cache makes them
+    st, sw = F.ScalingType, F.SwizzleType.NO_SWIZZLE
+    ops = torch.ops.infir
+    return [
+        ("x.clone()", lambda: x.clone()),
+        ("custom op around x.clone()", lambda: clone_op(x)),
+        ("infir::fp8_quantize_pair(x, token, cols=True)", lambda: ops.fp8_quantize_pair(x, "token", "ue8m0", "e4m3", True)),
+        ("F.scaled_mm(1x128 x 128x128), scales prepared", lambda: F.scaled_mm(
+            qx.data, qw.data.t(), qx.scale, st.BlockWise1x128, sb, st.BlockWise128x128, swizzle_a=sw, swizzle_b=sw,
+            output_dtype=torch.bfloat16)),
+        ("torch._scaled_mm(1x128 x 128x128), scales prepared", lambda: torch._scaled_mm(
+            qx.data, qw.data.t(), qx.scale, sb, out_dtype=torch.bfloat16)),
+        ("fp8_gemm(qx, qw) (weight QTensor kept)", lambda: fp8_gemm(qx, qw)),
+        ("infir::fp8_mm fprop, scale layout per call", lambda: fp8_mm(qx.data, qx.scale, "token", qw.data, qw.scale,
+                                                                       "block", torch.bfloat16)),
+        ("infir::fp8_mm fprop, weight's layout prepared", lambda: fp8_mm(qx.data, qx.scale, "token", qw.data, qw.scale,
+                                                                          "block", torch.bfloat16, False, sb)),
+        ("infir::fp8_mm dgrad (W^T bytes made inside), prepared", lambda: fp8_mm(
+            qx.data, qx.scale, "token", qw.data, qw.scale, "block", torch.bfloat16, True, sbt)),
+        ("infir::fp8_mm wgrad (token x token)", lambda: fp8_mm(qx.data, qx.scale, "token", qx.data, qx.scale, "token",
+                                                              torch.float32)),
+    ]
+
+
 def host_us(fn, n=1000, repeats=5):
     """Host microseconds per call, n calls without synchronizing (median of `repeats` runs)."""
     for _ in range(50):
@@ -227,6 +267,12 @@ def main(argv=None):
         for tag, k in impls:
             for name, fn in host_cases(x, k):
                 hrows.append({"call (256x256 bf16)": tag + name, "host us/call": host_us(fn)})
+        for name, fn in traced_host_cases(x):
+            try:
+                us = host_us(fn)
+            except RuntimeError as e:  # e.g. a torch whose private _scaled_mm takes no blockwise scales
+                us = f"error: {str(e).splitlines()[0][:80]}"
+            hrows.append({"call (256x256 bf16)": name, "host us/call": us})
         sections += ["host cost per call (1000 calls without synchronizing, median of 5):", markdown_table(hrows)]
     emit("FP8 quantization kernels", sections, args.out)
 

@@ -69,6 +69,8 @@ def classify(name: str) -> str:
         return "attention"
     if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90")):
         return "gemm"
+    if "swiglu" in n:  # FP8 recipes' SwiGLU kernels (which also quantize its saved input) replace BF16's fused one
+        return "elementwise/other"
     if any(k in n for k in ("quant", "fp8", "cast_to")):
         return "quantize"
     if any(k in n for k in ("nll", "cross_entropy", "log_softmax", "softmax")):
@@ -81,9 +83,13 @@ def classify(name: str) -> str:
 def profile_step(trainer) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
         trainer.train_step(trainer.step)
         torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    print(f"profiled step wall time: {wall * 1e3:.1f} ms (profiler overhead included)", flush=True)
+    host_report(prof)
     share: dict[str, float] = {}
     kernels = []
     for evt in prof.key_averages():
@@ -99,17 +105,57 @@ def profile_step(trainer) -> dict[str, float]:
     return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
 
 
+def host_report(prof) -> None:
+    """What the CPU did in the profiled step: where a step is host-bound (kernel time well under the
+    step's wall time), these name the work that kept the GPU waiting."""
+    from torch._dynamo.utils import counters
+
+    cpu = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU]
+    launches = sum(e.count for e in cpu if "LaunchKernel" in e.key or e.key.startswith("cuLaunch"))
+    print(f"kernel launches in the profiled step: {launches}", flush=True)
+    top = sorted(cpu, key=lambda e: e.self_cpu_time_total, reverse=True)[:20]
+    print("top host ops by self CPU time (one step):\n" + "\n".join(
+        f"  {e.self_cpu_time_total / 1e3:8.1f} ms x{e.count:<6d} {e.key[:120]}" for e in top), flush=True)
+    breaks = {k.splitlines()[0][:100]: n for k, n in counters["graph_break"].items()}
+    print(f"dynamo so far in this process: {dict(counters['stats'])}, graph breaks: {breaks}", flush=True)
+    gpu_gaps(prof)
+
+
+def gpu_gaps(prof, top: int = 6, min_ms: float = 0.5) -> None:
+    """The longest stretches with no kernel on the GPU, and the host ops that ran through them."""
+    evts = prof.events()
+    busy = sorted((e.time_range.start, e.time_range.end) for e in evts
+                  if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not busy:
+        return
+    gaps, end = [], busy[0][1]
+    for a, b in busy[1:]:
+        if a > end:
+            gaps.append((a - end, end, a))
+        end = max(end, b)
+    idle = sum(g for g, _, _ in gaps if g >= min_ms * 1e3)
+    print(f"GPU idle inside the profiled step: {idle / 1e3:.1f} ms in gaps of >= {min_ms} ms", flush=True)
+    cpu = [e for e in evts if e.device_type == torch.autograd.DeviceType.CPU]
+    for g, a, b in sorted(gaps, reverse=True)[:top]:
+        inside = sorted(((min(e.time_range.end, b) - max(e.time_range.start, a), e.name) for e in cpu
+                         if e.time_range.start < b and e.time_range.end > a), reverse=True)[:6]
+        print(f"  gap {g / 1e3:.2f} ms: " + "; ".join(f"{n[:60]} ({d / 1e3:.2f})" for d, n in inside), flush=True)
+
+
 def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float) -> dict:
     """step(i) three times to warm up (compile, autotune), then `steps` timed: the throughput
-    columns, and the peak memory since the caller reset it."""
+    columns (from the median step time), and the peak memory since the caller reset it."""
     for i in range(3):
         step(i)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for i in range(steps):
+    times = []
+    for i in range(steps):  # every step ends in a host sync (the loss's .item()), so timing each adds none
+        t0 = time.perf_counter()
         step(3 + i)
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    print("timed steps (ms): " + " ".join(f"{1e3 * t:.1f}" for t in times), flush=True)
+    dt = sorted(times)[len(times) // 2]  # the median: one slow step (a late allocation, a hiccup) sways a mean of few
     tps = tokens_per_step / dt
     tflops = tps * flops_per_token / 1e12
     return {"step_ms": dt * 1e3, "tokens/s": round(tps), "TFLOP/s": tflops, "MFU(spec)": tflops / SPEC_PEAK,
@@ -156,14 +202,17 @@ def memory_split(trainer) -> dict[str, float]:
 
 
 def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int, profile: bool) -> dict:
+    """precision: a conf/precision name, optionally followed by "+" and comma-separated Hydra
+    overrides of it (fp8_blockwise_ue8m0+precision.fp8_swiglu_input=false)."""
     from infir.train.cli import compose
     from infir.train.loop import Trainer
 
-    cfg = compose([
-        f"model={model}", f"precision={precision}", "data=synthetic", "logger=none", "scale=full",
+    name, _, extra = precision.partition("+")
+    cfg = compose([*(o for o in extra.split(",") if o),
+        f"model={model}", f"precision={name}", "data=synthetic", "logger=none", "scale=full",
         f"model.recompute={recompute}", f"stage.seq_length={seq}", f"stage.micro_batch={mbs}",
         f"stage.global_batch={mbs * accum}", f"stage.iters={steps + 100}", "stage.warmup_iters=10",
-        f"run_dir=/tmp/bench_step/{model}-{precision}-{seq}-{recompute}", "train.save_interval=1000000",
+        f"run_dir=/tmp/bench_step/{model}-{name}-{seq}-{recompute}", "train.save_interval=1000000",
         "train.eval_interval=0",
     ])
     torch.cuda.reset_peak_memory_stats()
@@ -179,7 +228,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     if profile:
         prof = profile_step(trainer)
         row["profile"] = prof
-        if precision == "bf16":
+        if name == "bf16":
             # f: the share FP8 can speed up (block GEMMs, fwd + bwd; LM-head GEMMs taken out).
             lm = lm_head_ms(trainer.size, mbs * seq) / row["step_ms"]
             f = max(prof.get("gemm", 0.0) - lm, 0.0)
@@ -203,12 +252,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--cases", nargs="*", default=None,
-                   help="explicit MODEL:RECOMPUTE:PRECISION triples instead of the full cross product; "
+                   help="explicit MODEL:RECOMPUTE:PRECISION[+OVERRIDE,...] triples instead of the full cross "
+                        "product (overrides: Hydra ones for that case); "
                         f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
+    torch._logging.set_logs(recompiles=True)  # a recompile inside the timed steps shows up in the log
     rows, profiles = [], []
     if args.cases:
-        grid = [(m, seq, rc, prec) for m, rc, prec in (c.split(":") for c in args.cases) for seq in args.seq]
+        grid = [(m, seq, rc, prec) for m, rc, prec in (c.split(":", 2) for c in args.cases) for seq in args.seq]
     else:
         grid = [(m, seq, rc, prec) for m in args.models for seq in args.seq for rc in args.recompute for prec in args.precision]
     for model, seq, rc, prec in grid:

@@ -38,7 +38,7 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def _is_sm90(t: torch.Tensor) -> bool:
+def is_sm90(t: torch.Tensor) -> bool:
     return t.is_cuda and _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) == (9, 0)
 
 
@@ -62,6 +62,40 @@ def _pad_cols(s: torch.Tensor, multiple: int) -> torch.Tensor:
     return s if pad == 0 else torch.cat([s, s.new_ones(s.shape[0], pad)], dim=1)
 
 
+def scaled_mm_scale(q: QTensor, transposed: bool = False) -> torch.Tensor:
+    """q's scale (or, for a 'block' or 'tensor' q, that of q.t()) in the layout scaled_mm takes for
+    its B operand, made once per QTensor: a weight's serves every micro-batch of an optimizer step."""
+    key = "scaled_mm_t" if transposed else "scaled_mm"
+    s = q.layout_cache.get(key)
+    if s is None:
+        if q.granularity == "tensor":
+            s = q.scale.reshape(1)
+        elif q.granularity == "block":
+            s = _pad_cols(q.scale.t().contiguous() if transposed else q.scale, 4).t()
+        elif transposed:
+            raise ValueError(f"scaled_mm_scale: a {q.granularity!r} operand has no transposed scale layout")
+        else:
+            s = outer_dim_major(q.scale)
+        q.layout_cache[key] = s
+    return s
+
+
+if hasattr(F, "scaled_mm"):
+    _BLOCKWISE = {"token": F.ScalingType.BlockWise1x128, "block": F.ScalingType.BlockWise128x128}
+    _NO_SWIZZLE = F.SwizzleType.NO_SWIZZLE
+
+
+def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
+                        out_dtype: torch.dtype) -> torch.Tensor:
+    """C = A @ B^T for 1x128-scaled A [M, K] (scales outer-dim-major) and B [N, K] with 'token' or
+    'block' scales already in scaled_mm's layout (scaled_mm_scale): the per-call fast path of the
+    compiled FP8 linear, with no checks or layout work left to do."""
+    if hasattr(F, "scaled_mm"):
+        return F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
+                           swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
+    return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
+
+
 def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     if not scaled_mm_fits(a, b):
         raise ValueError(
@@ -73,22 +107,14 @@ def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat
     if a.granularity == "row":
         return _rowwise_gemm(a, b, out_dtype)
     mat_b = b.data.t()  # [K, N] column-major: the bytes of b as stored
-    if a.granularity == "tensor":
-        sa, sb = a.scale.reshape(1), b.scale.reshape(1)
-    else:
-        sa = outer_dim_major(a.scale)
-        sb = b.layout_cache.get("scaled_mm")
-        if sb is None:  # computed once per weight QTensor, reused by every micro-batch
-            sb = _pad_cols(b.scale, 4).t() if b.granularity == "block" else outer_dim_major(b.scale)
-            b.layout_cache["scaled_mm"] = sb
+    sa = a.scale.reshape(1) if a.granularity == "tensor" else outer_dim_major(a.scale)
+    sb = scaled_mm_scale(b)
+    if a.granularity != "tensor":
+        return scaled_mm_blockwise(a.data, sa, b.data, sb, b.granularity, out_dtype)
     if hasattr(F, "scaled_mm"):
-        st = F.ScalingType
-        if a.granularity == "tensor":
-            ra = rb = st.TensorWise
-        else:
-            ra, rb = st.BlockWise1x128, (st.BlockWise128x128 if b.granularity == "block" else st.BlockWise1x128)
-        sw = F.SwizzleType.NO_SWIZZLE
-        return F.scaled_mm(a.data, mat_b, sa, ra, sb, rb, swizzle_a=sw, swizzle_b=sw, output_dtype=out_dtype)
+        tw = F.ScalingType.TensorWise
+        return F.scaled_mm(a.data, mat_b, sa, tw, sb, tw, swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE,
+                           output_dtype=out_dtype)
     # torch < 2.10: the private op infers the recipe from the scale shapes
     return torch._scaled_mm(a.data, mat_b, sa, sb, out_dtype=out_dtype)
 
@@ -121,7 +147,7 @@ def resolve_backend(a: QTensor, b: QTensor, backend: str = "auto") -> str:
         raise ValueError(f"unknown GEMM backend {backend!r}; use one of {list(BACKENDS)}")
     if backend != "auto":
         return backend
-    if _is_sm90(a.data):
+    if is_sm90(a.data):
         if a.granularity == "two_level":
             return "triton"  # exact two-level; the fast MOSS path folds first (granularity "row")
         if scaled_mm_fits(a, b):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .autoscale import AutoScaler
 from .formats import amax_with_nan_as_inf, get_format
-from .gemm import fp8_gemm
+from .gemm import fp8_gemm, scaled_mm_scale
 from .quantize import QTensor, fold_two_level, quantize_reference, quantize_tensor_ref, transposed
 from .recipe import Recipe, get_recipe
 
@@ -80,6 +80,12 @@ class WeightCache:
         key = (weight.data_ptr(), weight._version, weight.dtype, recipe)
         if key != self._key:
             self.q = self._quantize(weight.detach(), recipe)
+            if self.q.granularity == "block":
+                # fprop's and dgrad's scale layouts, made here (eager, once a step) so that a
+                # compiled layer gets them as inputs instead of rebuilding them every micro-batch
+                # (on any device: the compiled graph then has one structure wherever it is traced)
+                scaled_mm_scale(self.q)
+                scaled_mm_scale(self.q, transposed=True)
             self._key = key
         return self.q
 

@@ -10,7 +10,7 @@ forward output is computed from the exact h, so only the backward sees the round
 produces, dh, is quantized to FP8 by FC1's backward anyway.
 
 On CUDA (and in Triton's interpreter) two Triton kernels run it (kernels/swiglu.py: one pass over h
-forward, one over the FP8 copy backward), as custom ops so that a compiled layer keeps them whole;
+forward, one over the FP8 copy backward), as opaque ops (oplib.py) so that a compiled layer keeps them whole;
 elsewhere, and for ffn sizes not a multiple of 128, the torch reference below.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .formats import get_format
+from .oplib import define_op
 from .quantize import TOKEN_BLOCK, QTensor, dequantize, quantize_token_ref
 
 
@@ -38,30 +39,27 @@ def swiglu_backward(h: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     return torch.cat([dgate, dy * silu], dim=-1)
 
 
-@torch.library.custom_op("infir::swiglu_fp8_fwd", mutates_args=())
-def _fwd_op(h2: torch.Tensor, scale_format: str, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _fwd(h2: torch.Tensor, scale_format: str, fmt: str):
     from .kernels.swiglu import swiglu_fp8_fwd
 
     return swiglu_fp8_fwd(h2, scale_format, fmt)
 
 
-@_fwd_op.register_fake
-def _(h2, scale_format, fmt):
+def _fwd_fake(h2, scale_format, fmt):
     m, k = h2.shape
     return (h2.new_empty((m, k // 2)), h2.new_empty((m, k), dtype=get_format(fmt).dtype),
             h2.new_empty((m, k // TOKEN_BLOCK), dtype=torch.float32))
 
 
-@torch.library.custom_op("infir::swiglu_fp8_bwd", mutates_args=())
-def _bwd_op(q: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+def _bwd(q: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     from .kernels.swiglu import swiglu_fp8_bwd
 
     return swiglu_fp8_bwd(q, scale, dy2, out_dtype)
 
 
-@_bwd_op.register_fake
-def _(q, scale, dy2, out_dtype):
-    return q.new_empty(q.shape, dtype=out_dtype)
+_fwd_op = define_op("swiglu_fp8_fwd", "(Tensor h2, str scale_format, str fmt) -> (Tensor, Tensor, Tensor)", _fwd, _fwd_fake)
+_bwd_op = define_op("swiglu_fp8_bwd", "(Tensor q, Tensor scale, Tensor dy2, ScalarType out_dtype) -> Tensor", _bwd,
+                    lambda q, scale, dy2, out_dtype: q.new_empty(q.shape, dtype=out_dtype))
 
 
 def _use_kernels(h: torch.Tensor) -> bool:

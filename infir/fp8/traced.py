@@ -4,8 +4,11 @@ Why a second path beside linear.Fp8LinearFunction: called from Python inside a c
 Function forces a graph break around every projection, and each break (guards, AOT wrappers, the
 Function's own bookkeeping) costs host time: at Qwen2.5-1.5B the FP8 step took longer for the CPU to
 issue than for the GPU to run, and ran at 0.57x of BF16 (BENCHMARKS.md). Here the linear is traceable: dynamo keeps
-the layer as one graph, and the quantizers and GEMMs are opaque custom ops (`infir::fp8_quantize_pair`,
-`infir::fp8_mm`) over the same Triton kernels and scaled_mm as the eager path, so the bits are the same.
+the layer as one graph, and the quantizers and GEMMs are opaque ops (`infir::fp8_quantize_pair`,
+`infir::fp8_mm`, registered lean by oplib.py) over the same Triton kernels and scaled_mm as the eager
+path, so the bits are the same. Their common case (token activations, block or token B on an sm90 GPU)
+goes straight to the kernel and to one scaled_mm call with the weight's scale layouts made once a step:
+every microsecond these ops spend on the host is spent ~20 times per layer and micro-batch.
 
 Quantizing with torch ops instead, so that inductor fuses it into the norm or SwiGLU before it, was
 tried and was slower end to end on an H100: inductor's code for the transposed 128x1 quantization
@@ -21,38 +24,56 @@ from __future__ import annotations
 import torch
 
 from .formats import get_format
-from .gemm import outer_dim_major, fp8_gemm
+from .gemm import is_sm90, fp8_gemm, outer_dim_major, scaled_mm_blockwise
 from .linear import quantize_operand
-from .quantize import TOKEN_BLOCK, QTensor
+from .oplib import define_op
+from .quantize import TOKEN_BLOCK, QTensor, transposed
 from .recipe import Recipe
 
 
-@torch.library.custom_op("infir::fp8_mm", mutates_args=())
-def fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
-           out_dtype: torch.dtype, b_transposed: bool = False) -> torch.Tensor:
+def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
+            out_dtype: torch.dtype, b_transposed: bool = False, b_mm_scale: torch.Tensor | None = None) -> torch.Tensor:
     """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm).
 
-    b_transposed: b is stored [K, N] (W for dgrad); its bytes are transposed here (QTensor.t()) and
-    freed after the GEMM. Inside this op, and not as an op of its own, because the partitioner runs
-    an opaque op that needs only forward inputs in the forward and saves its output: W^T would then
-    be made for every layer in the forward and held until its backward.
+    b_transposed: b is stored [K, N] (W for dgrad); its bytes are transposed here and freed after
+    the GEMM. Inside this op, and not as an op of its own, because the partitioner runs an opaque op
+    that needs only forward inputs in the forward and saves its output: W^T would then be made for
+    every layer in the forward and held until its backward.
+    b_mm_scale: a 'block' b's scale (of b^T when b_transposed) already in scaled_mm's layout
+    (gemm.scaled_mm_scale, made once a step by the weight cache); with it, and token A on an sm90
+    GPU, the GEMM is one scaled_mm call with no per-call layout work.
     """
+    m, k = a.shape
+    fast = (a_gran == "token" and is_sm90(a) and m % 16 == 0 and k % 128 == 0
+            and ((b_gran == "block" and b_mm_scale is not None) or (b_gran == "token" and not b_transposed)))
+    if fast:
+        bk = transposed(b) if b_transposed else b
+        if bk.shape[0] % 128 == 0:
+            # token scales come from the quantize op, outer-dim-major as scaled_mm takes them
+            return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype)
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
     return fp8_gemm(qa, qb.t() if b_transposed else qb, out_dtype=out_dtype)
 
 
-@fp8_mm.register_fake
-def _(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed=False):
+def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed=False, b_mm_scale=None):
     return a.new_empty((a.shape[0], b.shape[1 if b_transposed else 0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("infir::fp8_quantize_pair", mutates_args=())
-def _quantize_pair_op(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    rec = Recipe("traced", activation=granularity, grad=granularity, scale_format=scale_format, fmt=fmt)
-    q, qt = quantize_operand(x2, granularity, rec, rows=True, cols=cols)
+fp8_mm = define_op(
+    "fp8_mm", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
+    "bool b_transposed=False, Tensor? b_mm_scale=None) -> Tensor", _fp8_mm, _fp8_mm_fake)
+
+
+def _quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
+    if granularity == "token" and x2.is_cuda:  # the common case, straight to its kernel
+        from .kernels import quantize_token_triton
+
+        q, qt = quantize_token_triton(x2 if x2.stride(-1) == 1 else x2.contiguous(), scale_format, fmt, rows=True, cols=cols)
+    else:
+        rec = Recipe("traced", activation=granularity, grad=granularity, scale_format=scale_format, fmt=fmt)
+        q, qt = quantize_operand(x2, granularity, rec, rows=True, cols=cols)
     # The layouts the fake below promises (the Triton kernels' own; the CPU reference is normalised).
     scale = outer_dim_major(q.scale) if granularity == "token" else q.scale
     if qt is None:  # no wgrad operand wanted: empty placeholders keep the op's schema fixed
@@ -63,8 +84,7 @@ def _quantize_pair_op(x2: torch.Tensor, granularity: str, scale_format: str, fmt
     return q.data.contiguous(), scale, qt.data.contiguous(), st
 
 
-@_quantize_pair_op.register_fake
-def _(x2, granularity, scale_format, fmt, cols):
+def _quantize_pair_fake(x2, granularity, scale_format, fmt, cols):
     m, k = x2.shape
     dt = get_format(fmt).dtype
     if granularity == "tensor":
@@ -84,6 +104,11 @@ def _(x2, granularity, scale_format, fmt, cols):
     return x2.new_empty((m, k), dtype=dt), s, x2.new_empty((k, m), dtype=dt), st
 
 
+_quantize_pair_op = define_op(
+    "fp8_quantize_pair", "(Tensor x2, str granularity, str scale_format, str fmt, bool cols) "
+    "-> (Tensor, Tensor, Tensor, Tensor)", _quantize_pair, _quantize_pair_fake)
+
+
 def quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
     """(data, scale, granularity) of x2 along K, and of x2^T along M when `cols`: the operands of
     linear.quantize_operand (Triton on CUDA, the reference elsewhere), as one opaque op in a graph."""
@@ -96,19 +121,20 @@ class TracedFp8Linear(torch.autograd.Function):
     """Y = X W^T with fprop, dgrad and wgrad in FP8, as Fp8LinearFunction, for torch.compile.
 
     Inputs: x [M, K] (activation dtype), weight [N, K] (only for its gradient's dtype and shape),
-    w / w_scale (W quantized along K), bias or None, then the recipe's fields as plain values (dynamo
-    specialises on them).
+    w / w_scale (W quantized along K), w_mm / w_mm_t (W's and W^T's scales in scaled_mm's layout, or
+    None), bias or None, then the recipe's fields as plain values (dynamo specialises on them).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, w, w_scale, bias, w_gran: str, act_gran: str, grad_gran: str,
+    def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, w_gran: str, act_gran: str, grad_gran: str,
                 scale_format: str, fmt: str):
         need_wgrad = ctx.needs_input_grad[1]
         (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
-        y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype)
+        y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype, False, w_mm)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        saved = [w, w_scale]
+        ctx.has_w_mm_t = w_mm_t is not None
+        saved = [w, w_scale] + ([w_mm_t] if ctx.has_w_mm_t else [])
         if xt is not None:
             saved += [xt[0], xt[1]]
             ctx.xt_gran = xt[2]
@@ -120,21 +146,25 @@ class TracedFp8Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        w, w_scale, *xt = ctx.saved_tensors
+        saved = ctx.saved_tensors  # indexed: on CUDA dynamo broke the graph at a list.pop() here
+        w, w_scale, w_mm_t = saved[0], saved[1], (saved[2] if ctx.has_w_mm_t else None)
+        xt = saved[3:] if ctx.has_w_mm_t else saved[2:]
         (qdy, sdy, gdy), dyt = quantize_pair(dy, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols=need_wgrad)
         dx = None
         if need_dgrad:
-            dx = fp8_mm(qdy, sdy, gdy, w, w_scale, ctx.w_gran, ctx.x_dtype, True)
+            dx = fp8_mm(qdy, sdy, gdy, w, w_scale, ctx.w_gran, ctx.x_dtype, True, w_mm_t)
         # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
         dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype) if need_wgrad else None
-        db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[4] else None
-        return dx, dw, None, None, db, None, None, None, None, None
+        db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
+        return dx, dw, None, None, None, None, db, None, None, None, None, None
 
 
 def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe) -> torch.Tensor:
     """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operand (wq:
     WeightCache.get(weight, recipe), made outside the compiled region)."""
     k = x.shape[-1]
-    y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, bias,
+    # the weight cache's scaled_mm scale layouts (CUDA block weights), else None
+    w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
+    y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias,
                               wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt)
     return y.reshape(*x.shape[:-1], y.shape[-1])

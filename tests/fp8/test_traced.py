@@ -142,3 +142,30 @@ def test_compiled_fp8_linear_sees_weight_updates_with_or_without_the_refresh_hoo
                 layer.weight.mul_(scale)
                 ref = fp8_linear(x, layer.weight, None, layer.fp8_recipe, weight_cache=WeightCache())
                 assert torch.equal(compiled(x), ref), (hooked, scale)
+
+
+def test_weight_cache_prepares_scaled_mm_scale_layouts_once_per_weight_version():
+    """The compiled path's GEMMs take the weight's (and W^T's) scales in scaled_mm's layout from the
+    weight cache: made when the weight is quantized, equal to the per-call layout, and remade only
+    after the weight changes."""
+    from infir.fp8.gemm import _pad_cols, scaled_mm_scale
+
+    recipe = get_recipe("fp8_blockwise_ue8m0")
+    w = torch.randn(256, 384) * 0.05  # 2 x 3 blocks; scaled_mm takes the K-block count padded to 4, for W and W^T
+    cache = WeightCache()
+    q = cache.get(w, recipe)
+    sb, sbt = q.layout_cache["scaled_mm"], q.layout_cache["scaled_mm_t"]
+    assert torch.equal(sb, _pad_cols(q.scale, 4).t()) and sb.shape == (4, 2)
+    assert torch.equal(sbt, _pad_cols(q.t().scale, 4).t()) and sbt.shape == (4, 3)
+    assert scaled_mm_scale(q) is sb and cache.get(w, recipe) is q
+    w.mul_(2)
+    q2 = cache.get(w, recipe)
+    assert q2 is not q and torch.equal(q2.layout_cache["scaled_mm"][:2], sb[:2] * 2)
+    with pytest.raises(ValueError, match="no transposed scale layout"):
+        scaled_mm_scale(quantize_token(torch.randn(16, 128)), transposed=True)
+
+
+def quantize_token(x):
+    from infir.fp8 import quantize
+
+    return quantize(x, "token", "ue8m0")
