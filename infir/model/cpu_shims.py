@@ -10,6 +10,10 @@ Active only when CUDA is absent (CI, laptops): with a GPU, nothing here is touch
   CPU generator alone there. Under sequence parallelism the embedding still forks megatron's CUDA RNG
   tracker around its (zero-rate) dropout (language_model_embedding.py:145); on CPU that fork is a
   no-op context, as megatron's own inference tracker makes it.
+- activation recomputation (tensor_parallel.CheckpointFunction) saves and restores the CUDA RNG
+  state around the recomputed forward (random.py:444-460, via _get/_set_cuda_rng_state): on CPU
+  there is no CUDA generator, so those two read an empty state and restore nothing (the CPU
+  generator, which megatron saves and restores beside it, is the one that matters there).
 - megatron's local DotProductAttention builds its mask on "cuda": our spec uses SDPAttention instead.
 - megatron's optimizer wrappers allocate on 'cuda' unconditionally (optimizer/optimizer.py:907), so
   the trainer steps a plain torch optimizer over DDP's fp32 `main_grad` buffers instead (train/loop.py).
@@ -33,6 +37,8 @@ def install() -> None:
     from megatron.core.tensor_parallel import random as tp_random
 
     tp_random.get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()
+    tp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    tp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     _installed = True
 
 

@@ -84,6 +84,7 @@ def transformer_config(
     recompute: str | None = None,
     cpu_init: bool = True,
     fusions: bool = False,
+    autocast_dtype: torch.dtype | None = None,
 ):
     """A megatron TransformerConfig for `size`.
 
@@ -91,7 +92,8 @@ def transformer_config(
     tensor-parallel ranks, so TP=1 and TP=2 start from identical weights (megatron's GPU init draws
     per-rank streams). `recompute`: None, "selective" (attention core) or "full" (whole layers).
     `fusions` turns on megatron's own torch.compile-fused SwiGLU, bias-dropout-add and vocab-parallel
-    cross entropy (GPU; on CPU their compile time outweighs a tiny model's step).
+    cross entropy (GPU; on CPU their compile time outweighs a tiny model's step). `autocast_dtype`: the
+    dtype the trainer autocasts to (None: no autocast); each layer enters it too (spec.AutocastLayer).
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -132,6 +134,8 @@ def transformer_config(
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
+        enable_autocast=autocast_dtype is not None,
+        autocast_dtype=autocast_dtype,
         **recompute_kwargs,
     )
 

@@ -4,7 +4,9 @@ Megatron stays unmodified: this function returns the same tree as megatron's loc
 (TransformerLayer -> SelfAttention(linear_qkv, core_attention, linear_proj) -> MLP(linear_fc1,
 linear_fc2)) with two substitutions — core attention through SDPA (see attention.py), and the four
 projection classes taken from `linears`, which is where a precision recipe (infir.fp8) swaps in its
-FP8 linears. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the parameter dtype.
+FP8 linears. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the parameter dtype. The
+layer class is megatron's, entering the config's autocast itself (AutocastLayer) so that recomputed
+layers run in the same dtypes.
 `swiglu`, where a recipe gives one, is the MLP's activation module (fp8_swiglu.py); megatron applies
 it only with `use_te_activation_func` set in the TransformerConfig (qwen.build_gpt sets it).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
@@ -26,6 +29,21 @@ from infir.model.linears import ColumnLinear, RowLinear
 from infir.model.norm import RMSNorm
 
 
+class AutocastLayer(TransformerLayer):
+    """megatron's TransformerLayer, run under the config's autocast (`enable_autocast`,
+    `autocast_dtype`) from inside. Why: activation recomputation (megatron's CheckpointFunction)
+    re-runs layers in the backward, outside the trainer's autocast, and with FP32 master weights the
+    recomputed projections then met BF16 activations (a dtype error). The context here applies to the
+    first run and to the recomputed one alike; nested in the trainer's own, it changes nothing else."""
+
+    def forward(self, *args, **kwargs):
+        if not self.config.enable_autocast:
+            return super().forward(*args, **kwargs)
+        x = args[0] if args else kwargs["hidden_states"]
+        with torch.autocast(device_type=x.device.type, dtype=self.config.autocast_dtype):
+            return super().forward(*args, **kwargs)
+
+
 @dataclass(frozen=True)
 class LinearClasses:
     """Which module runs each projection. Column-parallel: QKV and FC1; row-parallel: proj and FC2."""
@@ -36,7 +54,7 @@ class LinearClasses:
 
 def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None) -> ModuleSpec:
     return ModuleSpec(
-        module=TransformerLayer,
+        module=AutocastLayer,
         submodules=TransformerLayerSubmodules(
             input_layernorm=RMSNorm,
             self_attention=ModuleSpec(

@@ -71,6 +71,7 @@ class Trainer:
             recompute=cfg.model.recompute,
             cpu_init=cfg.model.cpu_init,
             fusions=_on_gpu(cfg.model.fusions, self.device),
+            autocast_dtype=None if self.recipe.compute_dtype == torch.float32 else self.recipe.compute_dtype,
         )
         model = build_gpt(
             self.size, tcfg, self.recipe.linears, seq_length=st.seq_length,

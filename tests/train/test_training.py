@@ -177,3 +177,26 @@ def test_packed_mask_keeps_samples_apart_through_the_attention_core():
     for lo, hi in ((0, 4), (4, 7), (7, 10)):
         alone = attn(q[lo:hi], k[lo:hi], v[lo:hi], None)
         torch.testing.assert_close(packed[lo:hi], alone)
+
+
+def test_recomputation_under_bf16_autocast_gives_the_same_training_steps(demo_root, tmp_path):
+    """Activation recomputation re-runs layers in the backward, outside the trainer's autocast:
+    with FP32 master weights and BF16 autocast (precision=bf16) a full-recompute run once failed
+    there with a BF16 x FP32 matmul. Recomputing must reproduce the plain run's steps."""
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    results = {}
+    try:
+        for recompute in ("none", "full", "selective"):
+            cfg = compose(demo(demo_root, tmp_path / recompute, "precision=bf16", "stage.iters=3",
+                               f"model.recompute={recompute}"))
+            trainer = Trainer(cfg)
+            results[recompute] = [trainer.train_step(i)["loss"] for i in range(3)]
+            trainer.log.finish()
+            del trainer
+    finally:
+        distributed.shutdown()
+    assert results["full"] == pytest.approx(results["none"], rel=1e-6)
+    assert results["selective"] == pytest.approx(results["none"], rel=1e-6)
