@@ -17,7 +17,7 @@ def _parity(tmp: Path, demo_root: Path, jobs: int) -> list[dict]:
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
     assert (root / "parity.png").stat().st_size > 0
     report = (root / "report.md").read_text()
-    assert "| fp8_blockwise_ue8m0 | 4 |" in report, report
+    assert "| fp8_blockwise_ue8m0 | 1 | 4 |" in report, report  # one seed, 4 steps
     curves = []
     for recipe in ("bf16", "fp8_blockwise_ue8m0"):
         lines = (root / f"tiny-{recipe}" / "metrics.jsonl").read_text().splitlines()
