@@ -49,7 +49,7 @@ def run_name(args, recipe: str, seed: int) -> str:
     return f"{args.model}-{recipe}" + ("" if seed == DEFAULT_SEED else f"-s{seed}")
 
 
-def run_dir_of(args, recipe: str, seed: int = DEFAULT_SEED) -> Path:
+def run_dir_of(args, recipe: str, seed: int) -> Path:
     return Path(args.root) / run_name(args, recipe, seed)
 
 

@@ -88,14 +88,12 @@ def traced_host_cases(x):
     import torch.nn.functional as F
 
     from infir.fp8 import quantize
-    from infir.fp8.gemm import fp8_gemm
+    from infir.fp8.gemm import fp8_gemm, scaled_mm_scale
     from infir.fp8.traced import fp8_mm
 
     @torch.library.custom_op("infir_bench::clone", mutates_args=())
     def clone_op(t: torch.Tensor) -> torch.Tensor:
         return t.clone()
-
-    from infir.fp8.gemm import scaled_mm_scale
 
     qx, qw = quantize(x, "token", "ue8m0"), quantize(x, "block", "ue8m0")
     sb, sbt = scaled_mm_scale(qw), scaled_mm_scale(qw, transposed=True)  # as a weight cache makes them

@@ -106,11 +106,11 @@ def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat
         )
     if a.granularity == "row":
         return _rowwise_gemm(a, b, out_dtype)
-    mat_b = b.data.t()  # [K, N] column-major: the bytes of b as stored
-    sa = a.scale.reshape(1) if a.granularity == "tensor" else outer_dim_major(a.scale)
     sb = scaled_mm_scale(b)
     if a.granularity != "tensor":
-        return scaled_mm_blockwise(a.data, sa, b.data, sb, b.granularity, out_dtype)
+        return scaled_mm_blockwise(a.data, outer_dim_major(a.scale), b.data, sb, b.granularity, out_dtype)
+    sa = a.scale.reshape(1)
+    mat_b = b.data.t()  # [K, N] column-major: the bytes of b as stored
     if hasattr(F, "scaled_mm"):
         tw = F.ScalingType.TensorWise
         return F.scaled_mm(a.data, mat_b, sa, tw, sb, tw, swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE,

@@ -21,6 +21,8 @@ inside its GEMM op and frees them after, as the eager path does.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .formats import get_format
@@ -44,13 +46,13 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
     GPU, the GEMM is one scaled_mm call with no per-call layout work.
     """
     m, k = a.shape
-    fast = (a_gran == "token" and is_sm90(a) and m % 16 == 0 and k % 128 == 0
+    n = b.shape[1 if b_transposed else 0]
+    fast = (a_gran == "token" and is_sm90(a) and m % 16 == 0 and k % 128 == 0 and n % 128 == 0
             and ((b_gran == "block" and b_mm_scale is not None) or (b_gran == "token" and not b_transposed)))
     if fast:
         bk = transposed(b) if b_transposed else b
-        if bk.shape[0] % 128 == 0:
-            # token scales come from the quantize op, outer-dim-major as scaled_mm takes them
-            return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype)
+        # token scales come from the quantize op, outer-dim-major as scaled_mm takes them
+        return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype)
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
@@ -66,14 +68,15 @@ fp8_mm = define_op(
     "bool b_transposed=False, Tensor? b_mm_scale=None) -> Tensor", _fp8_mm, _fp8_mm_fake)
 
 
-def _quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
-    if granularity == "token" and x2.is_cuda:  # the common case, straight to its kernel
-        from .kernels import quantize_token_triton
+@functools.lru_cache(maxsize=None)
+def _operand_recipe(granularity: str, scale_format: str, fmt: str) -> Recipe:
+    """The Recipe quantize_operand reads its formats from, built (and validated) once per combination:
+    the op below runs ~8 times per layer and micro-batch."""
+    return Recipe("traced", activation=granularity, grad=granularity, scale_format=scale_format, fmt=fmt)
 
-        q, qt = quantize_token_triton(x2 if x2.stride(-1) == 1 else x2.contiguous(), scale_format, fmt, rows=True, cols=cols)
-    else:
-        rec = Recipe("traced", activation=granularity, grad=granularity, scale_format=scale_format, fmt=fmt)
-        q, qt = quantize_operand(x2, granularity, rec, rows=True, cols=cols)
+
+def _quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
+    q, qt = quantize_operand(x2, granularity, _operand_recipe(granularity, scale_format, fmt), rows=True, cols=cols)
     # The layouts the fake below promises (the Triton kernels' own; the CPU reference is normalised).
     scale = outer_dim_major(q.scale) if granularity == "token" else q.scale
     if qt is None:  # no wgrad operand wanted: empty placeholders keep the op's schema fixed
@@ -163,7 +166,7 @@ def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torc
     """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operand (wq:
     WeightCache.get(weight, recipe), made outside the compiled region)."""
     k = x.shape[-1]
-    # the weight cache's scaled_mm scale layouts (CUDA block weights), else None
+    # the scaled_mm scale layouts the weight cache made for a block weight; None for per-tensor weights
     w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
     y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias,
                               wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt)
