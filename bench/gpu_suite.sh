@@ -6,7 +6,7 @@
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
 #   bash bench/gpu_suite.sh step-0.5b      bench/step.py: 0.5B at seq 4096 and 8192, recompute off/selective
-#   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 8 at once on one GPU
+#   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 ran out of memory)
 # Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
 # outputs/gpu_suite); paste them into BENCHMARKS.md verbatim. Where megatron-core or Hydra is not
 # installed (a bare device), every wheel carried in .whl/ (megatron-core, Hydra, OmegaConf, antlr4,
@@ -58,7 +58,7 @@ for stage in "$@"; do
       run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" --profile \
         --recompute none selective --precision bf16 fp8_blockwise_ue8m0 --out "$OUT/step_0.5b.md" ;;
     parity)
-      run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 8 --root "$OUT/parity" --out "$OUT/parity.md" \
+      run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root "$OUT/parity" --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
     *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b parity" >&2; exit 2 ;;
   esac

@@ -179,7 +179,7 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     how_run = ("runs trained earlier, reported by --report-only" if args.report_only
-               else f"{min(args.jobs, len(args.recipes))} run(s) at a time on one device")
+               else f"{min(args.jobs, len(args.recipes) * len(args.seeds))} run(s) at a time on one device")
     emit("Loss parity, FP8 recipes vs BF16", [
         f"model {args.model}, seq {args.seq}, global batch {args.global_batch}, {args.steps} steps, lr {args.lr} cosine; "
         f"demo text data; {how_run} (minutes are each run's wall time, longer where runs shared the GPU); "
