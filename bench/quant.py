@@ -11,10 +11,6 @@ the first element depends on the last), so its row counts 2 reads + 1 write.
 training step pays per quantization).
 --sweep: every kernel configuration / quotient algorithm, timed at each shape (tuning).
 --old PATH: also time an older kernels/quant.py (before/after comparisons in one run).
---swiglu: SwiGLU with its quantizers, at MLP shapes (tokens x ffn): the unfused pair (SwiGLU kernel,
-then the both-layouts quantizer of y / dh) against the fused kernels of infir.fp8.mlp at each of
-their configurations (row / column tiles, warps); bytes: the fewest the fused pass must move (h or
-its FP8 copy and dy read once), though its column programs read them a second time (from L2 if they hit).
 """
 from __future__ import annotations
 
@@ -238,56 +234,14 @@ def run_sweep(shapes, bw, out):
                                                             markdown_table(rows)], out)
 
 
-def swiglu_rows(shapes, bw):
-    from infir.fp8.kernels import swiglu as ks
-
-    rows = []
-    for shape in shapes:
-        M, F = map(int, shape.split("x"))
-        h = torch.randn(M, 2 * F, device="cuda", dtype=torch.bfloat16)
-        dy = torch.randn(M, F, device="cuda", dtype=torch.bfloat16)
-        _, hq, hs = ks.swiglu_fp8_fwd(h, "ue8m0", "e4m3")
-        n, sc = M * F, 4 * M * F // 128  # values of y; bytes of one 1x128 scale set over them
-        fwd_bytes = 4 * n + (2 * n + 2 * sc) + (2 * n + 2 * sc)  # h; its FP8 copy; y's two layouts
-        bwd_bytes = (2 * n + 2 * sc) + 2 * n + (4 * n + 4 * sc)  # h's copy; dy; dh's two layouts
-        unfused = {
-            "fwd": lambda: kn.quantize_token_triton(ks.swiglu_fp8_fwd(h, "ue8m0", "e4m3")[0], rows=True, cols=True),
-            "bwd": lambda: kn.quantize_token_triton(ks.swiglu_fp8_bwd(hq, hs, dy, h.dtype), rows=True, cols=True),
-        }
-        base = {d: bench_ms(fn) for d, fn in unfused.items()}
-        for d in ("fwd", "bwd"):
-            rows.append({"shape (tokens x ffn)": shape, "pass": d, "kernels": "SwiGLU, then quantize both layouts",
-                         "ms": base[d], "% of copy BW": 100 * (fwd_bytes if d == "fwd" else bwd_bytes) / base[d] / 1e6 / bw,
-                         "x vs unfused": 1.0})
-        for cfg in ks.FUSED_CONFIGS:
-            fused = {"fwd": lambda: ks.swiglu_quant_fwd(h, "ue8m0", "e4m3", cfg),
-                     "bwd": lambda: ks.swiglu_quant_bwd(hq, hs, dy, h.dtype, "ue8m0", "e4m3", cfg)}
-            for d, fn in fused.items():
-                ms = bench_ms(fn)
-                nbytes = fwd_bytes if d == "fwd" else bwd_bytes
-                what = f"fused, rows {cfg['BM_ROWS']}x128, cols 128x{cfg['BN']}, {cfg['num_warps']} warps"
-                rows.append({"shape (tokens x ffn)": shape, "pass": d, "kernels": what,
-                             "ms": ms, "% of copy BW": 100 * nbytes / ms / 1e6 / bw, "x vs unfused": base[d] / ms})
-        h = dy = hq = hs = None
-        torch.cuda.empty_cache()
-    return rows
-
-
 def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--shapes", default="16384x8192,8192x3584,8192x18944")
     p.add_argument("--host", action="store_true", help="also measure the host cost per call")
     p.add_argument("--sweep", action="store_true", help="time every kernel configuration instead")
     p.add_argument("--old", help="path of an older kernels/quant.py to time beside this one")
-    p.add_argument("--swiglu", nargs="*", metavar="TOKENSxFFN",
-                   help="time SwiGLU + quantizers, unfused vs fused, at these MLP shapes (default: 0.5B, 1.5B, 7B/TP2 at 8k tokens)")
     args = p.parse_args(argv)
     bw = copy_bandwidth_gbs()
-    if args.swiglu is not None:
-        shapes = args.swiglu or ["8192x4864", "8192x8960", "8192x9472"]
-        emit("SwiGLU with FC2's / FC1's FP8 quantizers, unfused vs fused",
-             [f"measured copy bandwidth (read+write): {bw:.0f} GB/s", markdown_table(swiglu_rows(shapes, bw))], args.out)
-        return
     if args.sweep:
         run_sweep(args.shapes.split(","), bw, args.out)
         return

@@ -69,8 +69,6 @@ def classify(name: str) -> str:
         return "attention"
     if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90")):
         return "gemm"
-    if "swiglu_quant" in n:  # infir.fp8.mlp's SwiGLU that also writes FC2's / FC1's FP8 operands: apart from both
-        return "swiglu+quantize"
     if "swiglu" in n:  # FP8 recipes' SwiGLU kernels (which also quantize its saved input) replace BF16's fused one
         return "elementwise/other"
     if any(k in n for k in ("quant", "fp8", "cast_to")):

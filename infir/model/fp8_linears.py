@@ -41,7 +41,7 @@ from infir.fp8.traced import traced_linear
 from infir.model.linears import ColumnLinear, RowLinear, column_input
 
 
-def activation_dtype(x: torch.Tensor) -> torch.Tensor:
+def _activation_dtype(x: torch.Tensor) -> torch.Tensor:
     dev = x.device.type
     if torch.is_autocast_enabled(dev) and x.dtype == torch.float32:
         return x.to(torch.get_autocast_dtype(dev))
@@ -60,24 +60,17 @@ class _Fp8(object):
         self.fp8_recipe = get_recipe(self.recipe_name)
         self.weight_cache = WeightCache(name="")
 
-    def fp8_weight(self):
-        """The weight's FP8 operand: inside a compiled layer the cache as the refresh hook left it
-        (callers check `weight_refreshed` first), else fetched with its staleness check."""
-        if torch.compiler.is_compiling():
-            return self.weight_cache.q
-        return self.weight_cache.get(self.weight, self.fp8_recipe)
-
     def fp8_matmul(self, x, weight, bias):
         if (torch.compiler.is_compiling() and self.weight_refreshed
                 and not (self.monitor is not None and self.monitor.active)):
-            x = activation_dtype(x)
+            x = _activation_dtype(x)
             with torch.autocast(x.device.type, enabled=False):
                 return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe)
         return self._fp8_matmul_eager(x, weight, bias)
 
     @torch.compiler.disable
     def _fp8_matmul_eager(self, x, weight, bias):
-        x = activation_dtype(x)
+        x = _activation_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             y = fp8_linear(x, weight, bias, self.fp8_recipe, weight_cache=self.weight_cache)
         if self.monitor is not None and self.monitor.active:
@@ -98,7 +91,7 @@ class Fp8ColumnLinear(_Fp8, ColumnLinear):
 
     @torch.compiler.disable
     def _gathered_fp8(self, input, weight, bias, tp_group):
-        x = activation_dtype(input)
+        x = _activation_dtype(input)
         with torch.autocast(x.device.type, enabled=False):
             y = Fp8GatheredColumn.apply(x, weight, bias, self.fp8_recipe, self.weight_cache, tp_group)
         if self.monitor is not None and self.monitor.active:

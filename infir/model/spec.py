@@ -8,8 +8,7 @@ FP8 linears. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the par
 layer class is megatron's, entering the config's autocast itself (AutocastLayer) so that recomputed
 layers run in the same dtypes.
 `swiglu`, where a recipe gives one, is the MLP's activation module (fp8_swiglu.py); megatron applies
-it only with `use_te_activation_func` set in the TransformerConfig (qwen.build_gpt sets it). `mlp`,
-where a recipe gives one, replaces megatron's MLP class (fp8_mlp.py: the fused FP8 MLP).
+it only with `use_te_activation_func` set in the TransformerConfig (qwen.build_gpt sets it).
 """
 from __future__ import annotations
 
@@ -53,7 +52,7 @@ class LinearClasses:
     row: type = RowLinear
 
 
-def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None, mlp: type = MLP) -> ModuleSpec:
+def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None) -> ModuleSpec:
     return ModuleSpec(
         module=AutocastLayer,
         submodules=TransformerLayerSubmodules(
@@ -72,7 +71,7 @@ def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | No
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=RMSNorm,
             mlp=ModuleSpec(
-                module=mlp,
+                module=MLP,
                 submodules=MLPSubmodules(linear_fc1=linears.column, linear_fc2=linears.row, activation_func=swiglu),
             ),
             mlp_bda=get_bias_dropout_add,
@@ -80,7 +79,7 @@ def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | No
     )
 
 
-def block_spec(num_layers: int, linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None,
-               mlp: type = MLP) -> TransformerBlockSubmodules:
+def block_spec(num_layers: int, linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None
+               ) -> TransformerBlockSubmodules:
     """All layers plus the final norm (megatron's default final norm would be its SP-refusing torch norm)."""
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(linears, swiglu, mlp)] * num_layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(linears, swiglu)] * num_layers, layer_norm=RMSNorm)

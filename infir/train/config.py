@@ -32,16 +32,6 @@ def validate(cfg: DictConfig) -> None:
     if cfg.precision.get("fp8_swiglu_input", False):
         _need(cfg.precision.recipe in FP8_RECIPES, "precision.fp8_swiglu_input", True,
               f"false with precision.recipe={cfg.precision.recipe} (an FP8 recipe keeps SwiGLU's input in FP8: {', '.join(FP8_RECIPES)})")
-    if cfg.precision.get("fused_mlp", False):
-        from infir.fp8 import get_recipe as fp8_recipe
-        from infir.fp8.mlp import fusable
-
-        ok = (cfg.precision.recipe in FP8_RECIPES and fusable(fp8_recipe(cfg.precision.recipe))
-              and cfg.precision.get("fp8_swiglu_input", False))
-        _need(ok, "precision.fused_mlp", True,
-              f"false with precision.recipe={cfg.precision.recipe}, fp8_swiglu_input={cfg.precision.get('fp8_swiglu_input', False)} "
-              "(the fused MLP needs per-token activations and gradients, fp8_blockwise_ue8m0 or fp8_blockwise_fp32, "
-              "and fp8_swiglu_input=true)")
     _need(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device, "auto, cpu or cuda")
     _need(isinstance(cfg.parallel.tp, int) and cfg.parallel.tp >= 1, "parallel.tp", cfg.parallel.tp, "an integer >= 1")
     for key in ("seq_length", "global_batch", "micro_batch"):

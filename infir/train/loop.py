@@ -57,8 +57,7 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
         # Model: megatron GPTModel from our spec, the recipe's linears, FP32 master weights.
-        self.recipe = get_recipe(cfg.precision.recipe, cfg.precision.get("fp8_swiglu_input", False),
-                                 cfg.precision.get("fused_mlp", False))
+        self.recipe = get_recipe(cfg.precision.recipe, cfg.precision.get("fp8_swiglu_input", False))
         from infir.optim import required_param_dtype
 
         # FP32 masters for torch AdamW; the memory-efficient optimizers keep the weight itself in BF16.
@@ -77,7 +76,7 @@ class Trainer:
         model = build_gpt(
             self.size, tcfg, self.recipe.linears, seq_length=st.seq_length,
             chunked_loss=_on_gpu(cfg.model.chunked_loss, self.device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
-            swiglu=self.recipe.swiglu, mlp=self.recipe.mlp,
+            swiglu=self.recipe.swiglu,
         ).to(self.device)
         if _on_gpu(cfg.model.compile, self.device):
             # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;

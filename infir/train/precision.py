@@ -20,7 +20,6 @@ class PrecisionRecipe:
     compute_dtype: torch.dtype
     linears: LinearClasses = field(default_factory=LinearClasses)
     swiglu: object | None = None  # ModuleSpec of the MLP activation; None: megatron's SwiGLU, input saved in BF16
-    mlp: type | None = None  # the MLP class; None: megatron's (FC1, activation, FC2 one by one)
 
     def autocast(self, device: torch.device):
         if self.compute_dtype == torch.float32:
@@ -36,29 +35,20 @@ class PrecisionRecipe:
                 cache.step(lr)
 
 
-def _fp8(name: str, fp8_swiglu_input: bool = False, fused_mlp: bool = False) -> PrecisionRecipe:
+def _fp8(name: str, fp8_swiglu_input: bool = False) -> PrecisionRecipe:
     from megatron.core.transformer.spec_utils import ModuleSpec
 
     from infir.fp8 import get_recipe as fp8_recipe
-    from infir.fp8.mlp import fusable
     from infir.model.fp8_linears import fp8_linear_classes
     from infir.model.fp8_swiglu import Fp8InputSwiGLU
 
     # FP8 block GEMMs; embedding, attention, norms, LM head and loss stay BF16/FP32 (InfiR2, LLMQ).
-    swiglu = mlp = None
-    r = fp8_recipe(name)
+    swiglu = None
     if fp8_swiglu_input:
+        r = fp8_recipe(name)
         # 1x128 blocks whatever the recipe's GEMM granularity: this copy only feeds SwiGLU's backward.
         swiglu = ModuleSpec(module=Fp8InputSwiGLU, params={"scale_format": r.scale_format, "fmt": r.fmt})
-    if fused_mlp:
-        if not (fp8_swiglu_input and fusable(r)):
-            raise ValueError(f"precision.fused_mlp=true needs precision.fp8_swiglu_input=true and a recipe with per-token "
-                             f"activations and gradients (fp8_blockwise_ue8m0, fp8_blockwise_fp32), not {name!r} "
-                             f"with fp8_swiglu_input={fp8_swiglu_input}: set precision.fused_mlp=false")
-        from infir.model.fp8_mlp import Fp8FusedMLP
-
-        mlp = Fp8FusedMLP
-    return PrecisionRecipe(name, torch.bfloat16, fp8_linear_classes(name), swiglu, mlp)
+    return PrecisionRecipe(name, torch.bfloat16, fp8_linear_classes(name), swiglu)
 
 
 def _te_blockwise() -> PrecisionRecipe:
@@ -88,17 +78,14 @@ RECIPES = {
 FP8_RECIPES = ("fp8_blockwise_ue8m0", "fp8_blockwise_fp32", "fp8_tensorwise", "moss")
 
 
-def get_recipe(name: str, fp8_swiglu_input: bool = False, fused_mlp: bool = False) -> PrecisionRecipe:
+def get_recipe(name: str, fp8_swiglu_input: bool = False) -> PrecisionRecipe:
     """`fp8_swiglu_input` (conf/precision: true for the FP8 recipes) keeps SwiGLU's input for the
-    backward in FP8 (infir.fp8.swiglu); `fused_mlp` (true for the per-token recipes) runs FC1, SwiGLU
-    and FC2 as one fused FP8 Function (infir.fp8.mlp). The config validation refuses either where
-    the recipe cannot have it."""
+    backward in FP8 (infir.fp8.swiglu); the config validation refuses it for non-FP8 recipes."""
     if name not in RECIPES:
         raise KeyError(f"precision.recipe={name!r} is not registered; valid: {sorted(RECIPES)}")
-    if not (fp8_swiglu_input or fused_mlp):
+    if not fp8_swiglu_input:
         return RECIPES[name]()
     if name not in FP8_RECIPES:
-        flag = "fp8_swiglu_input" if fp8_swiglu_input else "fused_mlp"
-        raise ValueError(f"precision.{flag}=true needs an FP8 recipe ({', '.join(FP8_RECIPES)}), "
-                         f"not {name!r}: set precision.{flag}=false")
-    return RECIPES[name](fp8_swiglu_input=fp8_swiglu_input, fused_mlp=fused_mlp)
+        raise ValueError(f"precision.fp8_swiglu_input=true needs an FP8 recipe ({', '.join(FP8_RECIPES)}), "
+                         f"not {name!r}: set precision.fp8_swiglu_input=false")
+    return RECIPES[name](fp8_swiglu_input=True)

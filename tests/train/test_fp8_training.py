@@ -90,7 +90,7 @@ def test_fp8_swiglu_input_switch_builds_the_activation_and_trains(demo_root, tmp
     losses = {}
     for swiglu_fp8 in (True, False):
         cfg = compose([*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", f"run_dir={tmp_path / str(swiglu_fp8)}",
-                       "stage.iters=4", f"precision.fp8_swiglu_input={swiglu_fp8}", "precision.fused_mlp=false"])
+                       "stage.iters=4", f"precision.fp8_swiglu_input={swiglu_fp8}"])
         try:
             trainer = Trainer(cfg)
             acts = [m.activation_func for m in trainer.model.modules() if type(m).__name__ == "MLP"]
@@ -112,50 +112,3 @@ def test_fp8_swiglu_input_needs_an_fp8_recipe(tmp_path):
 
     with pytest.raises(ConfigError, match="precision.fp8_swiglu_input"):
         validate(compose(["precision=bf16", "+precision.fp8_swiglu_input=true", f"run_dir={tmp_path}"]))
-
-
-def test_fused_mlp_trains_to_the_same_bits_as_the_three_modules(demo_root, tmp_path):
-    """precision.fused_mlp (on in the blockwise configs) builds infir's fused MLP in every layer; the
-    losses of its steps equal those of FC1, SwiGLU and FC2 run one by one, to the bit."""
-    from infir.model.fp8_mlp import Fp8FusedMLP
-    from infir.train import dist as distributed
-    from infir.train.cli import compose
-    from infir.train.loop import Trainer
-
-    losses = {}
-    for fused in (True, False):
-        cfg = compose([*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", f"run_dir={tmp_path / str(fused)}",
-                       "stage.iters=3", f"precision.fused_mlp={fused}"])
-        try:
-            trainer = Trainer(cfg)
-            mlps = [m for m in trainer.model.modules() if type(m).__name__ in ("MLP", "Fp8FusedMLP")]
-            assert len(mlps) == trainer.size.layers
-            assert all(isinstance(m, Fp8FusedMLP) for m in mlps) == fused
-            if fused:
-                assert mlps[0]._fused_ok(None)  # the fused path really runs in these steps
-            losses[fused] = [trainer.train_step(i)["loss"] for i in range(3)]
-        finally:
-            distributed.shutdown()
-    assert losses[True] == losses[False], losses
-
-
-def test_fused_mlp_at_tp2_matches_tp1(demo_root, tmp_path):
-    """Tensor parallel without sequence parallelism (with SP the layers keep FC1's FP8 all-gather):
-    FC1's input enters the TP region and FC2's partial sums are all-reduced around the fused MLP."""
-    common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "stage.iters=4"]
-    run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
-    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", "parallel.sequence_parallel=false"], nproc=2)
-    a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
-    assert sorted(a) == sorted(b) == list(range(1, 5))
-    for step in a:
-        assert abs(a[step] - b[step]) <= 2e-3 * abs(a[step]), (step, a[step], b[step])
-
-
-def test_fused_mlp_needs_a_per_token_recipe_and_the_fp8_swiglu_input(tmp_path):
-    from infir.train.cli import compose
-    from infir.train.config import ConfigError, validate
-
-    with pytest.raises(ConfigError, match="precision.fused_mlp"):
-        validate(compose(["precision=moss", "+precision.fused_mlp=true", f"run_dir={tmp_path}"]))
-    with pytest.raises(ConfigError, match="precision.fused_mlp"):
-        validate(compose(["precision=fp8_blockwise_ue8m0", "precision.fp8_swiglu_input=false", f"run_dir={tmp_path}"]))
