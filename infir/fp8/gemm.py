@@ -83,6 +83,14 @@ def scaled_mm_scale(q: QTensor, transposed: bool = False) -> torch.Tensor:
 if hasattr(F, "scaled_mm"):
     _BLOCKWISE = {"token": F.ScalingType.BlockWise1x128, "block": F.ScalingType.BlockWise128x128}
     _NO_SWIZZLE = F.SwizzleType.NO_SWIZZLE
+    # F.scaled_mm wraps every argument in a list and turns its enums into ints on each call, then calls
+    # torch._scaled_mm_v2. The compiled FP8 layer makes ~12 such calls per layer and micro-batch, and
+    # its step is partly host-bound, so the blockwise path builds those lists once and calls the op itself.
+    _MM_V2 = getattr(torch, "_scaled_mm_v2", None)
+    _RECIPE_INTS = {g: [e.value] for g, e in _BLOCKWISE.items()}
+    _SWIZZLE_INTS = [_NO_SWIZZLE.value]
+else:
+    _MM_V2 = None
 
 
 def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
@@ -90,9 +98,9 @@ def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     """C = A @ B^T for 1x128-scaled A [M, K] (scales outer-dim-major) and B [N, K] with 'token' or
     'block' scales already in scaled_mm's layout (scaled_mm_scale): the per-call fast path of the
     compiled FP8 linear, with no checks or layout work left to do."""
-    if hasattr(F, "scaled_mm"):
-        return F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
-                           swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
+    if _MM_V2 is not None:  # F.scaled_mm's own call, without its per-call argument building
+        return _MM_V2(a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
+                      _SWIZZLE_INTS, None, out_dtype, (), False)
     return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
 
 

@@ -118,3 +118,23 @@ def test_gpu_linear_fast_path_matches_emulated(recipe, mkn):
         assert rel(fast.float(), emu.double()) < 1e-2  # bf16 outputs of the same FP8 products
     y_ref, dx_ref, dw_ref, _ = fp64_reference(x, w, torch.zeros(N, device="cuda"), dy)
     assert rel(outs["auto"][0], y_ref) < 5e-2 and rel(outs["auto"][1], dx_ref) < 5e-2 and rel(outs["auto"][2], dw_ref) < 5e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("b_gran", ["token", "block"])
+def test_gpu_direct_scaled_mm_call_equals_the_public_function(b_gran):
+    """gemm.scaled_mm_blockwise calls torch._scaled_mm_v2 with the argument lists F.scaled_mm builds:
+    the same bits, so a torch that changes that op's signature fails here, not in training."""
+    import torch.nn.functional as F
+
+    from infir.fp8 import quantize
+    from infir.fp8.gemm import outer_dim_major, scaled_mm_blockwise, scaled_mm_scale
+
+    a = quantize(torch.randn(512, 1024, device="cuda"), "token")
+    b = quantize(torch.randn(768, 1024, device="cuda"), b_gran)
+    sa, sb = outer_dim_major(a.scale), scaled_mm_scale(b)
+    got = scaled_mm_blockwise(a.data, sa, b.data, sb, b_gran, torch.bfloat16)
+    kinds = {"token": F.ScalingType.BlockWise1x128, "block": F.ScalingType.BlockWise128x128}
+    want = F.scaled_mm(a.data, b.data.t(), sa, kinds["token"], sb, kinds[b_gran], swizzle_a=F.SwizzleType.NO_SWIZZLE,
+                       swizzle_b=F.SwizzleType.NO_SWIZZLE, output_dtype=torch.bfloat16)
+    assert torch.equal(got, want)
