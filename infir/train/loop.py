@@ -322,7 +322,7 @@ class Trainer:
                 mfu = f" | MFU {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
                 self.log.console(
                     f"step {self.step}/{self.total_iters} | loss {out['loss']:.4f} | lr {out['lr']:.2e} | gnorm {out['grad_norm']:.3f} | "
-                    f"{format_si(rec['tokens_per_s'])} tok/s | {rec['tflops']:.1f} TFLOP/s{mfu} | ETA {format_duration(eta)}"
+                    f"{format_si(rec['tokens_per_s'])} tok/s | {rec['tflops']:.1f} TFLOP/s/GPU{mfu} | ETA {format_duration(eta)}"
                 )
                 window_t, window_steps = time.perf_counter(), 0
             if tr.eval_interval and (self.step % tr.eval_interval == 0 or self.step == self.total_iters):
@@ -347,7 +347,9 @@ class Trainer:
 
     def _throughput(self, steps: int, seconds: float) -> dict:
         tps = steps * self.tokens_per_step / max(seconds, 1e-9)
-        tflops = tps * self.flops_per_token / 1e12
+        # Per GPU, as Megatron reports it: tokens_per_step counts every rank's tokens, and MFU is against one GPU's peak
+        # (the job's total over one GPU's peak read 113% at 7B on two GPUs).
+        tflops = tps * self.flops_per_token / 1e12 / self.info.world_size
         rec = {"tokens_per_s": tps, "tflops": tflops, "mfu": tflops / self.peak if self.peak else None, "elapsed_s": time.time() - self.log.start_time}
         rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
         self._last_rates = rec

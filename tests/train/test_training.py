@@ -200,3 +200,24 @@ def test_recomputation_under_bf16_autocast_gives_the_same_training_steps(demo_ro
         distributed.shutdown()
     assert results["full"] == pytest.approx(results["none"], rel=1e-6)
     assert results["selective"] == pytest.approx(results["none"], rel=1e-6)
+
+
+def test_throughput_reports_tflops_and_mfu_per_gpu():
+    """tokens_per_step counts every rank's tokens: TFLOP/s and MFU are per GPU, so two GPUs doing
+    what one does at the same speed report the same MFU (the job total once read 113% at 7B, TP=2)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from infir.train.loop import Trainer
+
+    def rates(world):
+        fake = SimpleNamespace(tokens_per_step=4096 * world, flops_per_token=1e10, peak=1000.0,
+                               info=SimpleNamespace(world_size=world), device=torch.device("cpu"),
+                               log=SimpleNamespace(start_time=time.time()))
+        return Trainer._throughput(fake, steps=10, seconds=1.0)
+
+    one, two = rates(1), rates(2)
+    assert two["tokens_per_s"] == 2 * one["tokens_per_s"]
+    assert math.isclose(one["tflops"], 40960 * 1e10 / 1e12) and math.isclose(two["tflops"], one["tflops"])
+    assert math.isclose(two["mfu"], one["tflops"] / 1000.0)
