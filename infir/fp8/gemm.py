@@ -101,6 +101,9 @@ def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     if _MM_V2 is not None:  # F.scaled_mm's own call, without its per-call argument building
         return _MM_V2(a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
                       _SWIZZLE_INTS, None, out_dtype, (), False)
+    if hasattr(F, "scaled_mm"):
+        return F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
+                           swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
     return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
 
 
