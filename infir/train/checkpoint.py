@@ -33,6 +33,10 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (full disk, quota, lost mount); the last committed one is intact."""
+
+
 def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: dict, meta: dict, info, keep_last: int) -> Path:
     ckpt_root = Path(ckpt_root)
     final = ckpt_root / fmt.iter_dir_name(iteration)
@@ -43,17 +47,61 @@ def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: di
             shutil.rmtree(tmp)
         tmp.mkdir()
     dist.barrier()
-    if info.dp_rank == 0:
-        fmt.save_shard(tmp, info.tp_rank, fmt.model_state(model))
-        torch.save({"optimizer": optimizer.state_dict(), **trainer_state}, tmp / f"train_tp{info.tp_rank}.pt")
-    torch.save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")
-    dist.barrier()
+
+    def write_rank_files():
+        if info.dp_rank == 0:
+            fmt.save_shard(tmp, info.tp_rank, fmt.model_state(model))
+            torch.save({"optimizer": optimizer.state_dict(), **trainer_state}, tmp / f"train_tp{info.tp_rank}.pt")
+        torch.save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")
+
+    # In place of barriers: every rank learns whether any write failed, so none waits forever on one
+    # that raised, and the uncommitted directory is dropped before the error reaches the user.
+    _stop_if_any_failed(_attempt(write_rank_files), info, tmp, final)
+    meta = {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size}
+    _stop_if_any_failed(_attempt(lambda: fmt.write_meta(tmp, meta)) if info.is_main else None, info, tmp, final)
     if info.is_main:
-        fmt.write_meta(tmp, {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size})
         fmt.commit(tmp, final)
         _prune(ckpt_root, keep_last)
     dist.barrier()
     return final
+
+
+def _attempt(write) -> BaseException | None:
+    try:
+        write()
+    # Any exception: torch's zip writer reports a full disk as a RuntimeError ("unexpected pos"),
+    # safetensors as its own error type; whatever it is, the other ranks must hear of it.
+    except Exception as e:
+        return e
+    return None
+
+
+def _stop_if_any_failed(error: BaseException | None, info, tmp: Path, final: Path) -> None:
+    flag = torch.tensor([float(error is not None)], device=info.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() == 0:
+        return
+    written = sum(f.stat().st_size for f in tmp.rglob("*") if f.is_file()) if tmp.exists() else 0
+    dist.barrier()  # every rank has stopped writing before the directory goes
+    if info.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    raise CheckpointWriteError(write_failure_message(final, error, written)) from error
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def write_failure_message(final: Path, error: BaseException | None, written: int) -> str:
+    root = final.parent
+    latest = root / fmt.LATEST
+    kept = (f"the last complete checkpoint, {root / latest.read_text().strip()}, is untouched and a rerun resumes from it"
+            if latest.exists() else "no earlier checkpoint exists in this run")
+    cause = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if error is not None else "another rank's write failed"
+    free = shutil.disk_usage(root).free
+    return (f"could not write checkpoint {final.name} in {root} ({cause}). The disk there has {_size(free)} free "
+            f"after {_size(written)} of this checkpoint were written, now deleted. Free space (older runs, "
+            f"train.keep_last) or give run_dir a larger disk; {kept}.")
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -38,6 +38,7 @@ def _quiet_megatron() -> None:
 def run(cfg) -> dict:
     from infir.train import config as validation
     from infir.train import dist as distributed
+    from infir.train.checkpoint import CheckpointWriteError
     from infir.train.loop import NonFiniteError, Trainer
 
     validation.validate(cfg)
@@ -48,6 +49,9 @@ def run(cfg) -> dict:
     except NonFiniteError as e:
         print(f"infir-train: {e}", file=sys.stderr, flush=True)
         raise SystemExit(3)
+    except CheckpointWriteError as e:
+        print(f"infir-train: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(4)
     finally:
         if trainer is not None:
             trainer.log.finish()

@@ -251,11 +251,18 @@ class Trainer:
             "stage": self.cfg.stage.name,
             "run_name": self.cfg.run_name,
         }
-        path = checkpoint.save(
-            self.ckpt_root, self.step, model=self.model.module, optimizer=self.optimizer,
-            trainer_state={"step": self.step, "skipped": self.skipped}, meta=meta, info=self.info,
-            keep_last=self.cfg.train.keep_last,
-        )
+        try:
+            path = checkpoint.save(
+                self.ckpt_root, self.step, model=self.model.module, optimizer=self.optimizer,
+                trainer_state={"step": self.step, "skipped": self.skipped}, meta=meta, info=self.info,
+                keep_last=self.cfg.train.keep_last,
+            )
+        except checkpoint.CheckpointWriteError as e:
+            try:  # a full disk may refuse this too; the error itself still reaches the user
+                self._summary("failed", error=str(e))
+            except OSError:
+                pass
+            raise
         self.log.console(f"saved checkpoint {path}")
         return path
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 import signal
 import subprocess
 import time
@@ -110,6 +111,38 @@ def test_crash_during_save_keeps_the_last_complete_checkpoint(demo_root, tmp_pat
     out = run_train(demo(demo_root, run_dir, "stage.iters=6", "train.save_interval=2"))
     assert "at step 4" in out.stdout
     assert ckpt_format.resolve(ckpts).name == "iter_0000006" and not half.exists()
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_failed_checkpoint_write_names_the_disk_and_keeps_the_last_checkpoint(demo_root, tmp_path, nproc):
+    """A checkpoint write that fails (here: files capped between the model shard's size and the
+    optimizer state's, so torch.save's zip writer fails as it does on a full disk) stops the run with a
+    message naming the directory, the free space and the checkpoint to resume from; the half-written
+    directory is gone, and a rerun resumes from the last one."""
+    run_dir = tmp_path / "run"
+    args = demo(demo_root, run_dir, "train.save_interval=2", *(["parallel=tp2"] if nproc == 2 else []))
+    run_train([*args, "stage.iters=2"], nproc=nproc)
+
+    shards = {f.name: f.stat().st_size for f in (run_dir / "checkpoints" / "iter_0000002").iterdir()}
+    cap = (shards["model_tp0.safetensors"] + shards["train_tp0.pt"]) // 2
+    assert shards["model_tp0.safetensors"] < cap < shards["train_tp0.pt"], shards
+
+    def cap_file_size():  # in the child: writes past the cap fail with EFBIG instead of killing it
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(train_cmd([*args, "stage.iters=4"], nproc), cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600, preexec_fn=cap_file_size)
+    assert proc.returncode != 0
+    ckpts = run_dir / "checkpoints"
+    message = f"could not write checkpoint iter_0000004 in {ckpts}"
+    assert message in proc.stderr and "free" in proc.stderr, proc.stderr[-3000:]
+    assert f"the last complete checkpoint, {ckpts / 'iter_0000002'}, is untouched" in proc.stderr
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter_0000002", "latest"]
+    assert summary(run_dir)["status"] == "failed" and message in summary(run_dir)["error"]
+    out = run_train([*args, "stage.iters=4"], nproc=nproc)
+    assert "at step 2" in out.stdout and ckpt_format.resolve(ckpts).name == "iter_0000004"
 
 
 @pytest.mark.parametrize("mode", ["stop", "skip"])
