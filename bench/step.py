@@ -1,4 +1,4 @@
-"""End-to-end training-step throughput of infir's megatron trainer on one GPU.
+"""End-to-end training-step throughput of infir's megatron trainer on one GPU, or on several under torchrun.
 
 For each case (model x seq x recompute x precision) it builds the real Trainer on synthetic tokens,
 warms up, times optimizer steps, and reports tokens/s, TFLOP/s, MFU (of the 989 TFLOP/s dense BF16
@@ -8,10 +8,18 @@ other, which gives f, the share FP8 can speed up. Precisions `hf_bf16` and `hf_t
 the HF transformers peer at the same shape (bench/hf_peer.py), and the report compares us with it.
 
     python bench/step.py --models qwen2.5-0.5b qwen2.5-1.5b --seq 4096 --mbs 2 --recompute none selective
+
+Tensor parallel: launch with torchrun and name a conf/parallel (TFLOP/s and MFU are per GPU, the
+GEMM ceiling and r are measured at one rank's shards of the shapes; rank 0 reports):
+
+    torchrun --nproc_per_node 2 bench/step.py --parallel tp2 --models qwen2.5-7b --mbs 1 --accum 4 \
+        --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 \
+                qwen2.5-7b:none:fp8_blockwise_ue8m0+parallel.sequence_parallel=false
 """
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,12 +33,17 @@ from hf_peer import HF_PRECISIONS  # noqa: E402
 SPEC_PEAK = 989.0
 
 
-def gemm_ceiling(size, tokens: int) -> float:
+def block_shapes(size, tp: int = 1) -> list[tuple[int, int]]:
+    """(K, N) of one TP rank's QKV, proj, FC1 (gate+up) and FC2 GEMMs: column-parallel ones split N,
+    row-parallel ones K."""
+    d, kv, f = size.hidden, size.kv_heads * size.head_dim, size.ffn
+    return [(d, (d + 2 * kv) // tp), (d // tp, d), (d, 2 * f // tp), (f // tp, d)]
+
+
+def gemm_ceiling(size, tokens: int, tp: int = 1) -> float:
     """BF16 TFLOP/s of the model's own matmuls (fwd shapes of QKV, proj, FC1, FC2, LM head), time-weighted."""
-    d, kv, f, v = size.hidden, size.kv_heads * size.head_dim, size.ffn, size.vocab
-    shapes = [(d, d + 2 * kv), (d, d), (d, 2 * f), (f, d), (d, v)]
     flops = ms = 0.0
-    for k, n in shapes:
+    for k, n in [*block_shapes(size, tp), (size.hidden, size.vocab // tp)]:
         a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         t = bench_ms(lambda: a @ w.t())
@@ -39,13 +52,12 @@ def gemm_ceiling(size, tokens: int) -> float:
     return flops / (ms * 1e-3) / 1e12
 
 
-def fp8_gemm_speedup(size, tokens: int) -> float:
+def fp8_gemm_speedup(size, tokens: int, tp: int = 1) -> float:
     """r: time of the block GEMMs (fwd shapes) in BF16 over blockwise FP8 (scaled_mm, UE8M0), summed."""
     from infir.fp8 import fp8_gemm, quantize
 
-    d, kv, f = size.hidden, size.kv_heads * size.head_dim, size.ffn
     bf16_ms = fp8_ms = 0.0
-    for k, n in [(d, d + 2 * kv), (d, d), (d, 2 * f), (f, d)]:
+    for k, n in block_shapes(size, tp):
         a = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         qa, qw = quantize(a, "token", "ue8m0"), quantize(w, "block", "ue8m0")
@@ -54,10 +66,10 @@ def fp8_gemm_speedup(size, tokens: int) -> float:
     return bf16_ms / fp8_ms
 
 
-def lm_head_ms(size, tokens: int) -> float:
+def lm_head_ms(size, tokens: int, tp: int = 1) -> float:
     """The LM head's three GEMMs (logits, dH, dW) in BF16, for separating them from the block GEMMs."""
     h = torch.randn(tokens, size.hidden, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(size.vocab, size.hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(size.vocab // tp, size.hidden, device="cuda", dtype=torch.bfloat16)
     return 3 * bench_ms(lambda: h @ w.t())
 
 
@@ -142,9 +154,10 @@ def gpu_gaps(prof, top: int = 6, min_ms: float = 0.5) -> None:
         print(f"  gap {g / 1e3:.2f} ms: " + "; ".join(f"{n[:60]} ({d / 1e3:.2f})" for d, n in inside), flush=True)
 
 
-def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float) -> dict:
+def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, gpus: int = 1) -> dict:
     """step(i) three times to warm up (compile, autotune), then `steps` timed: the throughput
-    columns (from the median step time), and the peak memory since the caller reset it."""
+    columns (from the median step time; TFLOP/s and MFU per GPU of the `gpus` sharing the step), and
+    the peak memory since the caller reset it."""
     for i in range(3):
         step(i)
     torch.cuda.synchronize()
@@ -157,7 +170,7 @@ def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float) -
     print("timed steps (ms): " + " ".join(f"{1e3 * t:.1f}" for t in times), flush=True)
     dt = sorted(times)[len(times) // 2]  # the median: one slow step (a late allocation, a hiccup) sways a mean of few
     tps = tokens_per_step / dt
-    tflops = tps * flops_per_token / 1e12
+    tflops = tps * flops_per_token / 1e12 / gpus
     return {"step_ms": dt * 1e3, "tokens/s": round(tps), "TFLOP/s": tflops, "MFU(spec)": tflops / SPEC_PEAK,
             "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30}
 
@@ -201,15 +214,17 @@ def memory_split(trainer) -> dict[str, float]:
             "mb_peak_GiB": torch.cuda.max_memory_allocated() / 2**30}
 
 
-def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int, profile: bool) -> dict:
+def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int, profile: bool,
+             parallel: str = "single") -> dict:
     """precision: a conf/precision name, optionally followed by "+" and comma-separated Hydra
-    overrides of it (fp8_blockwise_ue8m0+precision.fp8_swiglu_input=false)."""
+    overrides (fp8_blockwise_ue8m0+precision.fp8_swiglu_input=false, bf16+parallel.sequence_parallel=false)."""
     from infir.train.cli import compose
     from infir.train.loop import Trainer
 
     name, _, extra = precision.partition("+")
-    cfg = compose([*(o for o in extra.split(",") if o),
+    cfg = compose([*(o for o in extra.split(",") if o), f"parallel={parallel}",
         f"model={model}", f"precision={name}", "data=synthetic", "logger=none", "scale=full",
+        "model.cpu_init=false",  # random weights made on the GPU: CPU init of a 7B model takes minutes and times nothing
         f"model.recompute={recompute}", f"stage.seq_length={seq}", f"stage.micro_batch={mbs}",
         f"stage.global_batch={mbs * accum}", f"stage.iters={steps + 100}", "stage.warmup_iters=10",
         f"run_dir=/tmp/bench_step/{model}-{name}-{seq}-{recompute}", "train.save_interval=1000000",
@@ -217,12 +232,13 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     ])
     torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(cfg)
+    tp = cfg.parallel.tp
     row = {"model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
            **time_steps(lambda i: trainer.train_step(trainer.step + i), steps, trainer.tokens_per_step,
-                        trainer.flops_per_token)}
+                        trainer.flops_per_token, trainer.info.world_size)}
     tflops = row["TFLOP/s"]
     row.update(memory_split(trainer))
-    ceiling = gemm_ceiling(trainer.size, mbs * seq)
+    ceiling = gemm_ceiling(trainer.size, mbs * seq, tp)
     row["GEMM_ceiling_TFLOP/s"] = ceiling
     row["MFU(ceiling)"] = tflops / ceiling
     if profile:
@@ -230,15 +246,21 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
         row["profile"] = prof
         if name == "bf16":
             # f: the share FP8 can speed up (block GEMMs, fwd + bwd; LM-head GEMMs taken out).
-            lm = lm_head_ms(trainer.size, mbs * seq) / row["step_ms"]
+            # the LM head runs once per micro-batch: `accum` times a step
+            lm = accum * lm_head_ms(trainer.size, mbs * seq, tp) / row["step_ms"]
             f = max(prof.get("gemm", 0.0) - lm, 0.0)
-            r = fp8_gemm_speedup(trainer.size, mbs * seq)
+            r = fp8_gemm_speedup(trainer.size, mbs * seq, tp)
             row.update({"f_block_gemm": f, "r_fp8_gemm": r, "fp8_ceiling": 1.0 / ((1 - f) + f / r)})
     trainer.log.finish()
     del trainer
     gc.collect()
     torch.cuda.empty_cache()
     return row
+
+
+def setting(precision: str) -> list[str]:
+    """A case's overrides other than the precision's own (parallel.*, model.*): what its BF16 base shares."""
+    return sorted(o for o in precision.partition("+")[2].split(",") if o and not o.startswith("precision."))
 
 
 def main() -> None:
@@ -251,11 +273,14 @@ def main() -> None:
     p.add_argument("--precision", nargs="+", default=["bf16"])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--parallel", default="single", help="a conf/parallel name (tp2: launch 2 ranks with torchrun)")
     p.add_argument("--cases", nargs="*", default=None,
                    help="explicit MODEL:RECOMPUTE:PRECISION[+OVERRIDE,...] triples instead of the full cross "
                         "product (overrides: Hydra ones for that case); "
                         f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
+    if int(os.environ.get("RANK", "0")) != 0:  # every rank runs every case; rank 0 reports
+        sys.stdout = open(os.devnull, "w")
     torch._logging.set_logs(recompiles=True)  # a recompile inside the timed steps shows up in the log
     rows, profiles = [], []
     if args.cases:
@@ -268,7 +293,7 @@ def main() -> None:
             if prec in HF_PRECISIONS:
                 row = run_hf_case(model, seq, args.mbs, args.accum, rc, prec, args.steps)
             else:
-                row = run_case(model, seq, args.mbs, args.accum, rc, prec, args.steps, args.profile)
+                row = run_case(model, seq, args.mbs, args.accum, rc, prec, args.steps, args.profile, args.parallel)
         except Exception as e:  # one failing case (OOM, a recipe bug) must not lose the others
             what = "OOM" if isinstance(e, torch.OutOfMemoryError) else f"error: {type(e).__name__}: {str(e)[:120]}"
             row = {"model": model, "precision": prec, "seq": seq, "recompute": rc, "step_ms": what}
@@ -282,12 +307,15 @@ def main() -> None:
             profiles.append({"case": f"{model} {prec} s{seq} {rc}", **{k: f"{100 * v:.1f}%" for k, v in prof.items()}})
         rows.append(row)
         print(row, flush=True)
-    sections = [markdown_table(rows)]
+    sections = [f"parallel: {args.parallel}, {int(os.environ.get('WORLD_SIZE', '1'))} rank(s); TFLOP/s and MFU per GPU",
+                markdown_table(rows)]
     ratios = []
     for row in rows:
-        if row.get("precision") in ("bf16", *HF_PRECISIONS) or not isinstance(row.get("step_ms"), float):
+        if row.get("precision", "").partition("+")[0] in ("bf16", *HF_PRECISIONS) or not isinstance(row.get("step_ms"), float):
             continue
-        base = next((b for b in rows if b.get("precision") == "bf16" and isinstance(b.get("step_ms"), float)
+        # BF16 with the same overrides (other than precision.*): SP off is compared with SP off
+        base = next((b for b in rows if b.get("precision", "").partition("+")[0] == "bf16"
+                     and isinstance(b.get("step_ms"), float) and setting(b["precision"]) == setting(row["precision"])
                      and all(b[k] == row[k] for k in ("model", "seq", "recompute"))), None)
         if base:
             ceiling = base.get("fp8_ceiling")

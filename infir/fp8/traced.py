@@ -14,6 +14,11 @@ Quantizing with torch ops instead, so that inductor fuses it into the norm or Sw
 tried and was slower end to end on an H100: inductor's code for the transposed 128x1 quantization
 (X^T for wgrad) ran far under the Triton kernels' bandwidth.
 
+Sequence parallelism: given the TP group's name, the linear quantizes the local sequence shard and
+all-gathers the FP8 bytes + scales (and dgrad reduce-scatters dX) as functional collectives, which
+dynamo keeps inside the layer's graph; the eager path (infir.model.fp8_linears.Fp8GatheredColumn)
+moves the same bytes from Python, where each projection became a graph break.
+
 The weight operand (W, quantized once per optimizer step by a WeightCache) comes in as tensors,
 because a compiled graph cannot hold the cache's bookkeeping; whoever calls this keeps it fresh
 (infir.model.fp8_linears refreshes it before every forward of the model). dgrad transposes its bytes
@@ -120,19 +125,47 @@ def quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: st
     return (q, s, gran), ((qt, st, gran) if cols else None)
 
 
+def _sp_gather(t: torch.Tensor, dim: int, group: str, world: int) -> torch.Tensor:
+    """Every rank's t of the sequence-parallel group, concatenated along dim (0 or 1) in rank order.
+
+    FP8 moves as bytes (collectives have no FP8 type). A transposed view (the outer-dim-major token
+    scales) is gathered through its storage, so the result keeps the layout the GEMM op expects.
+    """
+    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
+        return _sp_gather(t.t(), 1 - dim, group, world).t()
+    raw = t.view(torch.uint8) if t.element_size() == 1 else t.contiguous()
+    out = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(raw, world, group))
+    if dim == 1:  # the collective stacks the shards along dim 0
+        out = torch.cat(out.chunk(world, 0), dim=1)
+    return out.view(t.dtype)
+
+
+def _sp_reduce_scatter(t: torch.Tensor, group: str, world: int) -> torch.Tensor:
+    """This rank's sequence shard of the sum of every rank's t (dgrad of the all-gather)."""
+    return torch.ops._c10d_functional.wait_tensor(
+        torch.ops._c10d_functional.reduce_scatter_tensor(t.contiguous(), "sum", world, group))
+
+
 class TracedFp8Linear(torch.autograd.Function):
     """Y = X W^T with fprop, dgrad and wgrad in FP8, as Fp8LinearFunction, for torch.compile.
 
     Inputs: x [M, K] (activation dtype), weight [N, K] (only for its gradient's dtype and shape),
     w / w_scale (W quantized along K), w_mm / w_mm_t (W's and W^T's scales in scaled_mm's layout, or
-    None), bias or None, then the recipe's fields as plain values (dynamo specialises on them).
+    None), bias or None, then the recipe's fields as plain values (dynamo specialises on them), then
+    the sequence-parallel group's name and size, or None and 1: with a group, x is this rank's shard
+    of the sequence and Y covers the whole sequence (per-token activations only: their quantization
+    groups never straddle two shards when each holds a multiple of 128 tokens).
     """
 
     @staticmethod
     def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, w_gran: str, act_gran: str, grad_gran: str,
-                scale_format: str, fmt: str):
+                scale_format: str, fmt: str, sp_group: str | None, sp_size: int):
         need_wgrad = ctx.needs_input_grad[1]
         (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
+        if sp_group is not None:
+            qx, sx = _sp_gather(qx, 0, sp_group, sp_size), _sp_gather(sx, 0, sp_group, sp_size)
+            if xt is not None:
+                xt = (_sp_gather(xt[0], 1, sp_group, sp_size), _sp_gather(xt[1], 1, sp_group, sp_size), xt[2])
         y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype, False, w_mm)
         if bias is not None:
             y = y + bias.to(y.dtype)
@@ -144,6 +177,7 @@ class TracedFp8Linear(torch.autograd.Function):
         ctx.save_for_backward(*saved)
         ctx.w_gran, ctx.grad_gran, ctx.scale_format, ctx.fmt = w_gran, grad_gran, scale_format, fmt
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
+        ctx.sp_group, ctx.sp_size = sp_group, sp_size
         return y
 
     @staticmethod
@@ -156,18 +190,28 @@ class TracedFp8Linear(torch.autograd.Function):
         dx = None
         if need_dgrad:
             dx = fp8_mm(qdy, sdy, gdy, w, w_scale, ctx.w_gran, ctx.x_dtype, True, w_mm_t)
+            if ctx.sp_group is not None:
+                dx = _sp_reduce_scatter(dx, ctx.sp_group, ctx.sp_size)
         # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
         dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype) if need_wgrad else None
         db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
-        return dx, dw, None, None, None, None, db, None, None, None, None, None
+        return dx, dw, None, None, None, None, db, None, None, None, None, None, None, None
 
 
-def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe) -> torch.Tensor:
+def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe,
+                  sp_group: str | None = None, sp_size: int = 1) -> torch.Tensor:
     """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operand (wq:
-    WeightCache.get(weight, recipe), made outside the compiled region)."""
+    WeightCache.get(weight, recipe), made outside the compiled region).
+
+    sp_group / sp_size: the name and size of a sequence-parallel group; x is then this rank's shard
+    of the sequence (dim 0) and the result covers every rank's shard, as megatron's all-gather would.
+    """
+    if sp_group is not None and recipe.activation != "token":
+        raise ValueError(f"the traced sequence-parallel FP8 gather takes per-token activations, not {recipe.activation!r}")
     k = x.shape[-1]
     # the scaled_mm scale layouts the weight cache made for a block weight; None for per-tensor weights
     w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
     y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias,
-                              wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt)
-    return y.reshape(*x.shape[:-1], y.shape[-1])
+                              wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt,
+                              sp_group, sp_size)
+    return y.reshape(x.shape[0] * sp_size, *x.shape[1:-1], y.shape[-1])

@@ -21,8 +21,10 @@ issues it from generated code; launched from Python between graph breaks, the
 eager path made the 1.5B FP8 step host-bound (the GPU waited on the CPU). The traced path cannot look
 after the weight cache, so `attach_weight_refresh` (a forward pre-hook on the model, eager) re-quantizes
 any weight that changed before each forward; a linear without that hook keeps the eager path even
-when compiled, so it never reads a stale FP8 weight. Eager callers, the FP8 health monitor's steps and the
-sequence-parallel FP8 all-gather keep the Triton path, outside the graph.
+when compiled, so it never reads a stale FP8 weight. The sequence-parallel FP8 all-gather of per-token
+activations (the blockwise recipes) is traced too, as functional collectives inside the graph; eager
+callers, the FP8 health monitor's steps and the per-tensor recipe's gather (its amax all-reduce)
+keep the Triton path, outside the graph.
 """
 from __future__ import annotations
 
@@ -60,12 +62,19 @@ class _Fp8(object):
         self.fp8_recipe = get_recipe(self.recipe_name)
         self.weight_cache = WeightCache(name="")
 
+    def traceable(self) -> bool:
+        """Inside a compiled layer, with the weight cache kept fresh and no health-monitor step."""
+        return (torch.compiler.is_compiling() and self.weight_refreshed
+                and not (self.monitor is not None and self.monitor.active))
+
+    def traced_matmul(self, x, weight, bias, sp_group: str | None = None, sp_size: int = 1):
+        x = _activation_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
+            return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe, sp_group, sp_size)
+
     def fp8_matmul(self, x, weight, bias):
-        if (torch.compiler.is_compiling() and self.weight_refreshed
-                and not (self.monitor is not None and self.monitor.active)):
-            x = _activation_dtype(x)
-            with torch.autocast(x.device.type, enabled=False):
-                return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe)
+        if self.traceable():
+            return self.traced_matmul(x, weight, bias)
         return self._fp8_matmul_eager(x, weight, bias)
 
     @torch.compiler.disable
@@ -82,9 +91,15 @@ class Fp8ColumnLinear(_Fp8, ColumnLinear):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._init_fp8()
+        # The traced gather names its group by string: compiled code does not hold ProcessGroup objects.
+        tp = self.tp_group
+        self.sp_size = 1 if tp is None else dist.get_world_size(tp)
+        self.sp_group_name = tp.group_name if self.sp_size > 1 else None
 
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
         if sequence_parallel and fp8_gather_supported(self.fp8_recipe, input, tp_group):
+            if self.fp8_recipe.activation == "token" and self.sp_group_name is not None and self.traceable():
+                return self.traced_matmul(input, weight, bias, self.sp_group_name, self.sp_size)
             return self._gathered_fp8(input, weight, bias, tp_group)
         x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
         return self.fp8_matmul(x, weight, bias)
