@@ -290,57 +290,19 @@ def _quant_cols_t_kernel(x_ptr, qt_ptr, st_ptr, M, K, stride_xm,
 
 
 @triton.jit
-def _both_chunked_tile(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, stride_xm, pid_m, pid_k,
-                       BN: tl.constexpr, FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
-                       DIV: tl.constexpr):
-    """Both layouts of one 128x128 region of X, in [128, BN] chunks, so that a program holds a
-    chunk rather than the whole tile in registers (the whole-tile fused variant is latency-bound).
-    Pass 1: each chunk's 128x1 column groups are complete, so its X^T bytes and scales are written
-    at once, and the rows' amax accumulates. Pass 2: the chunks are read again (this program has
-    just read them: from L1/L2, not HBM) and quantized along K with the now complete row scales."""
-    rm = pid_m * 128 + tl.arange(0, 128)
-    row_ok = rm < M
-    amax = tl.zeros([128], dtype=tl.float32)
-    for c in tl.static_range(128 // BN):
-        rk = pid_k * 128 + c * BN + tl.arange(0, BN)
-        mask = row_ok[:, None] & (rk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
-        ax = _abs_nan_inf(x)
-        amax = tl.maximum(amax, tl.max(ax, axis=1))
-        st = _scale_from_amax(tl.max(ax, axis=0), FMAX, UE8M0)
-        qt = tl.trans(_q8(x, st[None, :], _inv_scale(st, UE8M0)[None, :], _ok1(st, DIV), FMAX, OUT_DTYPE, DIV))
-        tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], qt, mask=_mask_t(rm, rk, M, K))
-        tl.store(st_ptr + pid_m.to(tl.int64) * K + rk, st, mask=rk < K)
-    s = _scale_from_amax(amax, FMAX, UE8M0)
-    inv = _inv_scale(s, UE8M0)[:, None]
-    ok = _ok1(s, DIV)
-    for c in tl.static_range(128 // BN):
-        rk = pid_k * 128 + c * BN + tl.arange(0, BN)
-        mask = row_ok[:, None] & (rk[None, :] < K)
-        x = tl.load(x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :], mask=mask, other=0.0).to(tl.float32)
-        q = _q8(x, s[:, None], inv, ok, FMAX, OUT_DTYPE, DIV)
-        tl.store(q_ptr + rm[:, None].to(tl.int64) * K + rk[None, :], q, mask=mask)
-    tl.store(s_ptr + pid_k.to(tl.int64) * M + rm, s, mask=row_ok)
-
-
-@triton.jit
 def _quant_token_both_kernel(
     x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, stride_xm,
     FUSED: tl.constexpr, TRANS_IN: tl.constexpr, GROUPED: tl.constexpr, BN: tl.constexpr, BM_ROWS: tl.constexpr,
     FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr, DIV: tl.constexpr,
 ):
     """X along K *and* X^T along M in one launch. FUSED: one read of a 128x128 tile serves both
-    (the transpose of the bf16 input (TRANS_IN) or of the FP8 output goes through shared memory;
-    with BN < 128, in chunks of BN columns, the second pass re-reading them from cache);
+    (the transpose of the bf16 input (TRANS_IN) or of the FP8 output goes through shared memory);
     else the grid's first programs do rows and the rest do the transposing columns, reading X
     twice, or (GROUPED) both kinds interleaved region by region. All configurations give the same
     bits."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(K, 128)
-    if FUSED and BN < 128:
-        _both_chunked_tile(x_ptr, q_ptr, s_ptr, qt_ptr, st_ptr, M, K, stride_xm, pid // n_kb, pid % n_kb,
-                           BN, FMAX, UE8M0, OUT_DTYPE, DIV)
-    elif FUSED:
+    if FUSED:
         pid_m = pid // n_kb
         pid_k = pid % n_kb
         rm = pid_m * 128 + tl.arange(0, 128)
@@ -581,8 +543,6 @@ def _key_of(x: torch.Tensor):
 _BOTH_CONFIGS = (
     [{"FUSED": True, "TRANS_IN": t, "GROUPED": False, "BN": 128, "BM_ROWS": 32, "num_warps": w}
      for t in (True, False) for w in (4, 8, 16)]
-    + [{"FUSED": True, "TRANS_IN": False, "GROUPED": False, "BN": bn, "BM_ROWS": 32, "num_warps": w}
-       for bn in (16, 32, 64) for w in (4, 8)]
     + [{"FUSED": False, "TRANS_IN": False, "GROUPED": g, "BN": bn, "BM_ROWS": 32, "num_warps": w}
        for g in (False, True) for bn in (32, 64, 128) for w in (4, 8)]
 )
