@@ -79,13 +79,14 @@ class WeightCache:
     def get(self, weight: torch.Tensor, recipe: Recipe) -> QTensor:
         key = (weight.data_ptr(), weight._version, weight.dtype, recipe)
         if key != self._key:
-            self.q = self._quantize(weight.detach(), recipe)
-            if self.q.granularity == "block":
+            q = self._quantize(weight.detach(), recipe)
+            if q.granularity == "block":
                 # fprop's and dgrad's scale layouts, made here (eager, once a step) so that a
                 # compiled layer gets them as inputs instead of rebuilding them every micro-batch
                 # (on any device: the compiled graph then has one structure wherever it is traced)
-                scaled_mm_scale(self.q)
-                scaled_mm_scale(self.q, transposed=True)
+                scaled_mm_scale(q)
+                scaled_mm_scale(q, transposed=True)
+            self.q = _refill(self.q, q)
             self._key = key
         return self.q
 
@@ -113,6 +114,27 @@ class WeightCache:
         if self.autoscaler is not None:
             self.autoscaler.observe(seen)
         return q
+
+
+def _tensors(q: QTensor) -> list:
+    return [q.data, q.scale, q.global_scale, q.local_exp, *q.layout_cache.values()]
+
+
+def _refill(old: QTensor | None, new: QTensor) -> QTensor:
+    """`new`'s values in `old`'s tensors where every one matches in shape, dtype and strides: the
+    FP8 weight keeps its addresses from step to step, so CUDA graphs replaying a layer read the
+    fresh weight instead of re-recording (or copying it in) on every step."""
+    if old is None or old.granularity != new.granularity or old.layout_cache.keys() != new.layout_cache.keys():
+        return new
+    pairs = list(zip(_tensors(old), _tensors(new)))
+    if any((a is None) != (b is None) or (a is not None and (a.shape, a.dtype, a.stride()) != (b.shape, b.dtype, b.stride()))
+           for a, b in pairs):
+        return new
+    with torch.no_grad():
+        for a, b in pairs:
+            if a is not None:
+                a.copy_(b)
+    return old
 
 
 class Fp8LinearFunction(torch.autograd.Function):

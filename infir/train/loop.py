@@ -81,8 +81,11 @@ class Trainer:
         if _on_gpu(cfg.model.compile, self.device):
             # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
             # Module.compile() works in place, so parameter names and checkpoints are unchanged.
+            # reduce-overhead adds CUDA graphs: for models small enough that issuing a layer's
+            # kernels from Python takes longer than running them (0.5B FP8: 0.62x -> 0.95x of BF16)
+            mode = cfg.model.get("compile_mode", "default")
             for layer in model.decoder.layers:
-                layer.compile()
+                layer.compile(mode=None if mode == "default" else mode)
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.model = DistributedDataParallel(

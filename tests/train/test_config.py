@@ -32,6 +32,7 @@ def test_unknown_group_option_lists_the_valid_ones():
         (["stage.schedule=linear"], "stage.schedule='linear'"),
         (["train.on_nan=ignore"], "train.on_nan='ignore'"),
         (["device=tpu"], "device='tpu'"),
+        (["model.compile_mode=fast"], "model.compile_mode='fast'"),
         (["data=custom"], "data.tokenizer must be set"),
         (["init_from=/nonexistent/ckpt"], "init_from='/nonexistent/ckpt'"),
         (["stage.lr=1e-4", "stage.min_lr=1e-3"], "stage.min_lr=0.001"),
