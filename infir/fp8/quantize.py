@@ -107,7 +107,14 @@ def _pad_last(x: torch.Tensor, multiple: int, dim: int = -1) -> torch.Tensor:
 
 
 def _expand(scale: torch.Tensor, block: int, size: int, dim: int) -> torch.Tensor:
-    return scale.repeat_interleave(block, dim=dim).narrow(dim, 0, size)
+    """Each scale repeated over its `block` positions along dim, cut to `size`.
+
+    By index, not scale.repeat_interleave(block, dim).narrow(dim, 0, size): under torch.compile
+    (inductor, torch 2.13 on CPU) that pair, fused into its consumer, read wrong scales whenever
+    `size` is not a multiple of `block` (so did an expanded view, flattened and cut), and
+    SwiGLU's FP8-saved input trained on NaN gradients at ffn=352."""
+    idx = torch.arange(size, device=scale.device) // block
+    return scale.index_select(dim, idx)
 
 
 def _check_input(x: torch.Tensor, granularity: str) -> None:

@@ -71,6 +71,19 @@ def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
         assert abs(a[step] - b[step]) <= 2e-3 * abs(a[step]), (step, a[step], b[step])
 
 
+def test_compiled_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
+    """model.compile=true on CPU compiles every layer, so the FP8 linears take the traced path and,
+    under SP, QKV and FC1 the traced FP8 all-gather (functional collectives inside the graph)."""
+    common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "stage.iters=4", "model.compile=true"]
+    run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
+    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2"], nproc=2)
+    a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
+    assert sorted(a) == sorted(b) == list(range(1, 5))
+    assert a[4] < a[1]
+    for step in a:
+        assert abs(a[step] - b[step]) <= 2e-3 * abs(a[step]), (step, a[step], b[step])
+
+
 def test_weights_are_quantized_once_per_optimizer_step(demo_root, tmp_path, monkeypatch):
     """Two micro-batches per step and dgrad all reuse one FP8 copy of each weight."""
     from infir.fp8.linear import WeightCache
