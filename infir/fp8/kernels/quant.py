@@ -298,8 +298,8 @@ def _quant_token_both_kernel(
     """X along K *and* X^T along M in one launch. FUSED: one read of a 128x128 tile serves both
     (the transpose of the bf16 input (TRANS_IN) or of the FP8 output goes through shared memory);
     else the grid's first programs do rows and the rest do the transposing columns, reading X
-    twice, or (GROUPED = G > 0) both kinds grouped by G regions of 128x128. All configurations
-    give the same bits."""
+    twice, or (GROUPED) both kinds interleaved region by region. All configurations give the same
+    bits."""
     pid = tl.program_id(0)
     n_kb = tl.cdiv(K, 128)
     if FUSED:
@@ -324,25 +324,18 @@ def _quant_token_both_kernel(
         tl.store(qt_ptr + rk[:, None].to(tl.int64) * M + rm[None, :], qt, mask=_mask_t(rm, rk, M, K))
         tl.store(st_ptr + pid_m.to(tl.int64) * K + rk, st, mask=rk < K)
     elif GROUPED:
-        # Split, in groups of GROUPED consecutive 128x128 regions of X: the group's row programs,
-        # then its column programs, so that X's second read can come from L2 rather than HBM.
-        # With one region a group, both kinds of program read it at the same time, and both miss.
+        # Split, but the row and column programs of each 128x128 region of X run next to each
+        # other, so that X's second read can come from L2 rather than HBM.
         rows_per = 128 // BM_ROWS
-        cols_per = 128 // BN
-        per = rows_per + cols_per
-        chunk = pid // (GROUPED * per)
-        first = chunk * GROUPED
-        g = tl.minimum(GROUPED, tl.cdiv(M, 128) * n_kb - first)  # the last group may be short
-        j = pid - chunk * (GROUPED * per)
-        if j < g * rows_per:
-            region = first + j // rows_per
-            _rows_tile(x_ptr, q_ptr, s_ptr, M, K, stride_xm, (region // n_kb) * rows_per + j % rows_per, region % n_kb,
+        per = rows_per + 128 // BN
+        region = pid // per
+        j = pid % per
+        if j < rows_per:
+            _rows_tile(x_ptr, q_ptr, s_ptr, M, K, stride_xm, (region // n_kb) * rows_per + j, region % n_kb,
                        BM_ROWS, FMAX, UE8M0, OUT_DTYPE, DIV)
         else:
-            jc = j - g * rows_per
-            region = first + jc // cols_per
             _cols_t_tile(x_ptr, qt_ptr, st_ptr, M, K, stride_xm, region // n_kb,
-                         (region % n_kb) * cols_per + jc % cols_per, BN, FMAX, UE8M0, OUT_DTYPE, DIV)
+                         (region % n_kb) * (128 // BN) + j - rows_per, BN, FMAX, UE8M0, OUT_DTYPE, DIV)
     else:
         n_row_progs = tl.cdiv(M, BM_ROWS) * n_kb
         if pid < n_row_progs:
@@ -548,18 +541,16 @@ def _key_of(x: torch.Tensor):
 # same bits). On a GPU the first call for a shape times the candidates of its kernel (_best) and
 # keeps the fastest; _DEFAULT_CFG is tried first, and is the one used without autotuning.
 _BOTH_CONFIGS = (
-    [{"FUSED": True, "TRANS_IN": t, "GROUPED": 0, "BN": 128, "BM_ROWS": 32, "num_warps": w}
+    [{"FUSED": True, "TRANS_IN": t, "GROUPED": False, "BN": 128, "BM_ROWS": 32, "num_warps": w}
      for t in (True, False) for w in (4, 8, 16)]
     + [{"FUSED": False, "TRANS_IN": False, "GROUPED": g, "BN": bn, "BM_ROWS": 32, "num_warps": w}
-       for g in (0, 1) for bn in (32, 64, 128) for w in (4, 8)]
-    + [{"FUSED": False, "TRANS_IN": False, "GROUPED": g, "BN": 64, "BM_ROWS": 32, "num_warps": 4}
-       for g in (16, 64, 256, 1024)]
+       for g in (False, True) for bn in (32, 64, 128) for w in (4, 8)]
 )
 _COLS_CONFIGS = [{"BN": bn, "num_warps": w} for bn in (32, 64, 128) for w in (4, 8)]
 _DEFAULT_CFG = {
     # H100, 16384x8192 bf16 (bench/quant.py --sweep, 2026-11-23): split BN=64/4 warps 60% of copy
     # bandwidth, the fused 128x128 tile at best 49%; cols BN=64/4 warps 89%; block 8 warps 76% (with W^T)
-    "both": {"FUSED": False, "TRANS_IN": False, "GROUPED": 0, "BN": 64, "BM_ROWS": 32, "num_warps": 4},
+    "both": {"FUSED": False, "TRANS_IN": False, "GROUPED": False, "BN": 64, "BM_ROWS": 32, "num_warps": 4},
     "cols": {"BN": 64, "num_warps": 4},
     "rows": {"num_warps": 4},
     "block": {"num_warps": 8},
@@ -649,7 +640,7 @@ def _token_entry_cfg(x2, scale_format, fmt, rows, cols, block_m, config):
         fused, trans_in, grouped, bn, bm_rows = cfg["FUSED"], cfg["TRANS_IN"], cfg["GROUPED"], cfg["BN"], cfg["BM_ROWS"]
         if fused:
             n = n_mb * n_kb
-        elif grouped:  # per group of 128x128 regions: its row programs, then its column programs
+        elif grouped:  # per 128x128 region: its row programs, then its column programs
             n = n_mb * n_kb * (TOKEN_BLOCK // bm_rows + TOKEN_BLOCK // bn)
         else:
             n = triton.cdiv(M, bm_rows) * n_kb + n_mb * triton.cdiv(K, bn)
