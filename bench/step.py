@@ -337,7 +337,8 @@ def main() -> None:
     if profiles:
         cols = ["case"] + sorted({k for r in profiles for k in r if k != "case"})
         sections.append("GPU time by kernel class (one step):\n\n" + markdown_table(profiles, cols))
-    emit("Training step, infir trainer (megatron-core GPTModel, SDPA attention)", sections, args.out)
+    emit("Training step, infir trainer (megatron-core GPTModel, SDPA attention)", sections,
+         args.out if int(os.environ.get("RANK", "0")) == 0 else None)
     from infir.train import dist as distributed
 
     distributed.shutdown()
