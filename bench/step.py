@@ -280,7 +280,8 @@ def main() -> None:
                         "product (overrides: Hydra ones for that case); "
                         f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
-    if int(os.environ.get("RANK", "0")) != 0:  # every rank runs every case; rank 0 reports
+    reporting = int(os.environ.get("RANK", "0")) == 0  # every rank runs every case; rank 0 reports
+    if not reporting:
         sys.stdout = open(os.devnull, "w")
     torch._logging.set_logs(recompiles=True)  # a recompile inside the timed steps shows up in the log
     rows, profiles = [], []
@@ -338,7 +339,7 @@ def main() -> None:
         cols = ["case"] + sorted({k for r in profiles for k in r if k != "case"})
         sections.append("GPU time by kernel class (one step):\n\n" + markdown_table(profiles, cols))
     emit("Training step, infir trainer (megatron-core GPTModel, SDPA attention)", sections,
-         args.out if int(os.environ.get("RANK", "0")) == 0 else None)
+         args.out if reporting else None)
     from infir.train import dist as distributed
 
     distributed.shutdown()

@@ -57,12 +57,13 @@ def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: di
     # In place of barriers: every rank learns whether any write failed, so none waits forever on one
     # that raised, and the uncommitted directory is dropped before the error reaches the user.
     _stop_if_any_failed(_attempt(write_rank_files), info, tmp, final)
-    meta = {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size}
-    _stop_if_any_failed(_attempt(lambda: fmt.write_meta(tmp, meta)) if info.is_main else None, info, tmp, final)
-    if info.is_main:
+
+    def commit():  # rank 0; `latest` moves last, so a failure anywhere here leaves the previous checkpoint named
+        fmt.write_meta(tmp, {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size})
         fmt.commit(tmp, final)
         _prune(ckpt_root, keep_last)
-    dist.barrier()
+
+    _stop_if_any_failed(_attempt(commit) if info.is_main else None, info, tmp, final)
     return final
 
 
