@@ -181,7 +181,7 @@ def same(a, b):
     return bool(ok)
 
 
-def run_sweep(shapes, bw, out):
+def run_sweep(shapes, bw, out, only=None):
     import copy
 
     base = copy.deepcopy(kq._DEFAULT_CFG)
@@ -199,7 +199,7 @@ def run_sweep(shapes, bw, out):
                "amax": nbytes["tensor JIT (amax + quantize: 2 reads + 1 write)"]}
         refs = None
         kq._DEFAULT_CFG.update(copy.deepcopy(base))
-        for div in (0, None):  # the quotient algorithm: div_rn everywhere vs the fast ones
+        for div in (0, None) if only is None else ():  # the quotient algorithm: div_rn everywhere vs the fast ones
             kq.DIV_OVERRIDE = div
             kq.clear_launch_cache()
             for name, fn, nb in cases(x):
@@ -211,6 +211,8 @@ def run_sweep(shapes, bw, out):
         kq.clear_launch_cache()
         refs = {name: fn() for name, fn in calls.items()}
         for label, name, setup in sweep_variants():
+            if only is not None and name != only:
+                continue
             kq._DEFAULT_CFG.update(copy.deepcopy(base))
             setup()
             kq.clear_launch_cache()
@@ -219,7 +221,7 @@ def run_sweep(shapes, bw, out):
             rows.append({"shape": shape, "variant": label, "bits == default": ok, "ms": ms,
                          "% of copy BW": 100 * byt[name] / ms / 1e6 / bw})
             print(rows[-1], flush=True)
-        for bm, bk, nw in [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 8), (8, 512, 8)]:
+        for bm, bk, nw in [] if only is not None else [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 8), (8, 512, 8)]:
             for fold in (False, True):
                 fn = lambda: kn.quantize_two_level_triton(x, fold=fold, block_m=bm, block_k=bk, num_warps=nw)
                 ms = bench_ms(fn)
@@ -240,10 +242,12 @@ def main(argv=None):
     p.add_argument("--host", action="store_true", help="also measure the host cost per call")
     p.add_argument("--sweep", action="store_true", help="time every kernel configuration instead")
     p.add_argument("--old", help="path of an older kernels/quant.py to time beside this one")
+    p.add_argument("--only", choices=["both", "cols", "rows", "block", "scalar", "amax"],
+                   help="with --sweep: only this kernel's configurations")
     args = p.parse_args(argv)
     bw = copy_bandwidth_gbs()
     if args.sweep:
-        run_sweep(args.shapes.split(","), bw, args.out)
+        run_sweep(args.shapes.split(","), bw, args.out, args.only)
         return
     old = load_old(args.old) if args.old else None
     impls = [("", kn)] + ([("old ", old)] if old else [])

@@ -228,3 +228,41 @@ def test_transpose_kernel_equals_torch_gpu(shape):
     x = rand(shape, device="cuda")
     _every_transpose_config(x.to(torch.float8_e4m3fn))
     _every_transpose_config(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8192, 1536), (256, 18944), (1024, 4608)])
+def test_gpu_cuda_both_layouts_kernel_equals_the_cpu_reference(shape):
+    """quant_both.cu (built by nvcc on first use) gives the reference's bytes in both layouts, in
+    each of its variants, every scale format and FP8 format, on special values (zero tiles, a
+    subnormal, NaN, +-inf) and from a row-strided view; the allocator is first filled with 0x7F
+    so that a skipped store shows."""
+    from infir.fp8.kernels.quant import cuda_both_ok
+
+    garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
+    del garbage
+    x = rand(shape, device="cuda")
+    assert cuda_both_ok(x), "quant_both.cu did not build here: is nvcc on PATH (or CUDA_HOME set)?"
+    xc = x.cpu()
+    for loads in (4, 8):
+        for sf in ("ue8m0", "fp32"):
+            for fmt in ("e4m3", "e5m2"):
+                q, qt = kn.quantize_token_triton(x, sf, fmt, rows=True, cols=True, config={"CUDA": True, "LOADS": loads})
+                assert_same_q(q, quantize_reference(xc, "token", sf, fmt))
+                assert_same_q(qt, quantize_reference(xc.t(), "token", sf, fmt))
+    special = x.clone()
+    special[:128, :256] = 0
+    special[130, 3], special[131, 5], special[200, 150], special[201, 199] = 1e-40, float("nan"), float("inf"), -float("inf")
+    for sf in ("ue8m0", "fp32"):
+        got = kn.quantize_token_triton(special, sf, rows=True, cols=True, config={"CUDA": True, "LOADS": 8})
+        ref = (quantize_reference(special.cpu(), "token", sf), quantize_reference(special.cpu().t(), "token", sf))
+        for g, r in zip(got, ref):
+            assert torch.equal(torch.isnan(g.scale.cpu()), torch.isnan(r.scale))
+            dg, dr = dequantize(g).cpu(), dequantize(r)
+            assert torch.equal(torch.isnan(dg), torch.isnan(dr))
+            assert torch.equal(dg[~torch.isnan(dr)], dr[~torch.isnan(dr)])
+    wide = rand((shape[0], shape[1] + 128), device="cuda")[:, 128:]  # rows longer than K, 16-byte aligned
+    assert cuda_both_ok(wide)
+    q, qt = kn.quantize_token_triton(wide, rows=True, cols=True, config={"CUDA": True, "LOADS": 8})
+    assert_same_q(q, quantize_reference(wide.cpu(), "token"))
+    assert_same_q(qt, quantize_reference(wide.cpu().t(), "token"))

@@ -1,0 +1,82 @@
+"""Builds infir's CUDA C++ kernels with nvcc on first use and loads them through ctypes.
+
+Why nvcc + ctypes and not torch.utils.cpp_extension: the kernels take raw pointers and sizes, so
+they need none of torch's C++ headers, whose compile takes about a minute per build; a bare nvcc
+build of one .cu takes seconds, and a ctypes call costs ~1 us on the host, less than a pybind or
+dispatcher call (the quantizers run ~8 times per layer and micro-batch).
+
+The shared library is cached per (source, GPU architecture, nvcc version) under
+$INFIR_KERNEL_CACHE (default ~/.cache/infir/kernels), written to a temporary name and renamed,
+so ranks that build at once do not read each other's half-written files. Where nvcc is missing,
+the build fails or the GPU is older than sm_89 (no FP8 conversion instructions), `load` returns
+None and callers keep the Triton kernels; INFIR_CUDA_KERNELS=0 makes that the choice.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+_HERE = Path(__file__).resolve().parent
+_LOADED: dict = {}
+
+
+def _nvcc() -> str | None:
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    cand = Path(home, "bin", "nvcc") if home else None
+    if cand is not None and cand.exists():
+        return str(cand)
+    return shutil.which("nvcc") or (str(Path("/usr/local/cuda/bin/nvcc")) if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+def _arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    # sm_90a: Hopper's arch-specific target (the generic sm_90 lacks nothing this code uses, but
+    # cuBLAS and Triton build for 90a too)
+    return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
+
+
+def _build(source: Path, arch: str, nvcc: str) -> Path:
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256(source.read_bytes() + arch.encode() + version.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("INFIR_KERNEL_CACHE", Path.home() / ".cache" / "infir" / "kernels"))
+    out = cache / f"{source.stem}_{arch}_{key}.so"
+    if out.exists():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so.tmp")
+    os.close(fd)
+    cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}", "-o", tmp, str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"nvcc failed on {source.name} ({' '.join(cmd)}):\n{proc.stderr[-2000:]}")
+    os.replace(tmp, out)
+    return out
+
+
+def load(name: str, device: torch.device) -> ctypes.CDLL | None:
+    """The library built from kernels/<name>.cu for `device`'s architecture, or None (see module doc)."""
+    key = (name, torch.cuda.get_device_capability(device))
+    if key in _LOADED:
+        return _LOADED[key]
+    lib = None
+    if os.environ.get("INFIR_CUDA_KERNELS", "1") != "0" and torch.cuda.get_device_capability(device) >= (8, 9):
+        nvcc = _nvcc()
+        if nvcc is None:
+            log.info("infir: nvcc not found; the Triton kernels stand in for %s.cu", name)
+        else:
+            try:
+                lib = ctypes.CDLL(str(_build(_HERE / f"{name}.cu", _arch(device), nvcc)))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                log.warning("infir: could not build %s.cu, using the Triton kernels instead: %s", name, e)
+    _LOADED[key] = lib
+    return lib
