@@ -7,7 +7,9 @@ One HBM pass per tensor wherever the scaling unit allows it:
 - `_quant_token_both_kernel`: both layouts in one launch, fused (one read of a 128x128 tile serves
   both; the transpose of the bf16 input or of the FP8 output goes through shared memory) or split
   (rows programs + transposing column programs, X read twice; grouped: the two kinds of programs
-  interleaved per 128x128 region, so that the second read may come from L2).
+  interleaved per 128x128 region, so that the second read may come from L2). On a GPU with nvcc,
+  quant_both.cu (CUDA C++, 85-88% of copy bandwidth where these reach 60-71%) is one more
+  candidate of the autotune, and wins it at every Qwen shape measured.
 - `_quant_block_kernel`: one 128x128 scale per tile. W^T for dgrad is W's bytes transposed by torch
   (see _W_T_BY_TORCH: the in-kernel transposed store gave NaN dgrads on an H100).
 - `_quant_two_level_kernel`: MOSS rows: pass 1 finds the row amax, pass 2 (re-read mostly from
@@ -27,7 +29,7 @@ corrections (fma), exact while s is in [2^-80, 2^80] (a tile with a scale outsid
 div_rn). On an H100 the fast quotients took the rows, cols, block and per-tensor kernels to 89-97%
 of copy bandwidth (from 70-89%); the two-level kernel keeps div_rn (its guarded fast path was
 slower). The fused both-layouts tile (128x128) stays compute/latency-bound (49%); the split
-variant (X read twice) is the default at 60%. The reference is exact on the CPU; torch's CUDA division is not always bit-identical
+variant (X read twice) is the Triton default at 60%. The reference is exact on the CPU; torch's CUDA division is not always bit-identical
 to it for FP32 scales, so GPU tests compare with CPU results. In Triton's interpreter the FP8 cast
 is done in integer arithmetic (_fp8_bits_rne), because the interpreter's own float8 cast rounds
 differently, and FP32 scales use div_rn (older interpreters round fma twice); GPU tests hold the
