@@ -135,6 +135,18 @@ def host_us(fn, n=1000, repeats=5):
     return sorted(times)[len(times) // 2]
 
 
+def both_host_rows():
+    rows = []
+    for shape in ((256, 256), (8192, 1536), (8192, 17920)):
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+        cfgs = [("Triton default", kq._TRITON_BOTH)] + ([("CUDA", {"CUDA": True, "LOADS": 4})] if kq.cuda_both_ok(x) else [])
+        for name, cfg in cfgs:
+            run = kq._token_entry_cfg(x, "ue8m0", "e4m3", True, True, 32, dict(cfg))
+            rows.append({"shape (bf16)": "x".join(map(str, shape)), "kernel": name,
+                         "host us/call": host_us(lambda: run(x)), "kernel us": 1e3 * bench_ms(lambda: run(x))})
+    return rows
+
+
 def sweep_variants():
     """(name, setup) pairs: setup() changes kq's defaults; the cache is cleared after it."""
     out = []
@@ -275,7 +287,10 @@ def main(argv=None):
             except RuntimeError as e:  # e.g. a torch whose private _scaled_mm takes no blockwise scales
                 us = f"error: {str(e).splitlines()[0][:80]}"
             hrows.append({"call (256x256 bf16)": name, "host us/call": us})
-        sections += ["host cost per call (1000 calls without synchronizing, median of 5):", markdown_table(hrows)]
+        sections += ["host cost per call (1000 calls without synchronizing, median of 5):", markdown_table(hrows),
+                     "both layouts, each kernel's own launcher (no cache lookup): host time per call beside its "
+                     "kernel time; where the host's exceeds the kernel's, timing single calls measures the host:",
+                     markdown_table(both_host_rows())]
     emit("FP8 quantization kernels", sections, args.out)
 
 
