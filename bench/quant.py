@@ -233,13 +233,18 @@ def run_sweep(shapes, bw, out, only=None):
             rows.append({"shape": shape, "variant": label, "bits == default": ok, "ms": ms,
                          "% of copy BW": 100 * byt[name] / ms / 1e6 / bw})
             print(rows[-1], flush=True)
-        for bm, bk, nw in [] if only is not None else [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 8), (8, 512, 8)]:
+        two_level = [] if only not in (None, "two_level") else [
+            ("triton", bm, bk, nw) for bm, bk, nw in
+            [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 8), (8, 512, 8)]]
+        two_level += [("cuda", 2, 2048, 8)] if two_level and kq.cuda_two_level_ok(x) else []
+        for impl, bm, bk, nw in two_level:
             for fold in (False, True):
-                fn = lambda: kn.quantize_two_level_triton(x, fold=fold, block_m=bm, block_k=bk, num_warps=nw)
+                fn = lambda: kn.quantize_two_level_triton(x, fold=fold, block_m=bm, block_k=bk, num_warps=nw, impl=impl)
                 ms = bench_ms(fn)
                 nb = 3 * M * K + 4 * M + (0 if fold else 5 * M * K // 32)
-                rows.append({"shape": shape, "variant": f"two_level fold={fold} BM={bm},BK={bk},warps={nw}",
-                             "bits == default": same(fn(), kn.quantize_two_level_triton(x, fold=fold)),
+                label = f"BM={bm},BK={bk},warps={nw}" if impl == "triton" else "CUDA (quant_two_level.cu)"
+                rows.append({"shape": shape, "variant": f"two_level fold={fold} {label}",
+                             "bits == default": same(fn(), kn.quantize_two_level_triton(x, fold=fold, impl="triton")),
                              "ms": ms, "% of copy BW": 100 * nb / ms / 1e6 / bw})
                 print(rows[-1], flush=True)
         x = None
@@ -254,7 +259,7 @@ def main(argv=None):
     p.add_argument("--host", action="store_true", help="also measure the host cost per call")
     p.add_argument("--sweep", action="store_true", help="time every kernel configuration instead")
     p.add_argument("--old", help="path of an older kernels/quant.py to time beside this one")
-    p.add_argument("--only", choices=["both", "cols", "rows", "block", "scalar", "amax"],
+    p.add_argument("--only", choices=["both", "cols", "rows", "block", "scalar", "amax", "two_level"],
                    help="with --sweep: only this kernel's configurations")
     args = p.parse_args(argv)
     bw = copy_bandwidth_gbs()

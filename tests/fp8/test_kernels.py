@@ -266,3 +266,33 @@ def test_gpu_cuda_both_layouts_kernel_equals_the_cpu_reference(shape):
     q, qt = kn.quantize_token_triton(wide, rows=True, cols=True, config={"CUDA": True, "LOADS": 8})
     assert_same_q(q, quantize_reference(wide.cpu(), "token"))
     assert_same_q(qt, quantize_reference(wide.cpu().t(), "token"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(4096, 8192), (37, 18944), (300, 96)])
+def test_gpu_cuda_two_level_kernel_equals_the_cpu_reference(shape):
+    """quant_two_level.cu gives the reference's bytes, scales and E8M0 codes (and its fold), in
+    every scale and FP8 format, on special values and from a row-strided view, after the
+    allocator was filled with 0x7F."""
+    from infir.fp8.kernels.quant import cuda_two_level_ok
+
+    garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
+    del garbage
+    x = rand(shape, device="cuda")
+    assert cuda_two_level_ok(x), "quant_two_level.cu did not build here: is nvcc on PATH (or CUDA_HOME set)?"
+    xc = x.cpu()
+    for sf in ("ue8m0", "fp32"):
+        for fmt in ("e4m3", "e5m2"):
+            ref = quantize_reference(xc, "two_level", sf, fmt)
+            assert_same_q(kn.quantize_two_level_triton(x, sf, fmt, impl="cuda"), ref)
+            assert_same_q(kn.quantize_two_level_triton(x, sf, fmt, fold=True, impl="cuda"), fold_two_level(ref))
+    special = x.clone()
+    special[0, :64] = 0
+    special[1, 3], special[2, 5], special[3, 7], special[4, 9] = 1e-40, float("nan"), float("inf"), -float("inf")
+    got, ref = kn.quantize_two_level_triton(special, impl="cuda"), quantize_reference(special.cpu(), "two_level", "fp32")
+    assert torch.equal(got.local_exp.cpu(), ref.local_exp) and torch.equal(torch.isnan(got.global_scale.cpu()), torch.isnan(ref.global_scale))
+    dg, dr = dequantize(got).cpu(), dequantize(ref)
+    assert torch.equal(torch.isnan(dg), torch.isnan(dr)) and torch.equal(dg[~torch.isnan(dr)], dr[~torch.isnan(dr)])
+    wide = rand((shape[0], shape[1] + 64), device="cuda")[:, 64:]
+    assert cuda_two_level_ok(wide)
+    assert_same_q(kn.quantize_two_level_triton(wide, impl="cuda"), quantize_reference(wide.cpu(), "two_level", "fp32"))

@@ -5,7 +5,7 @@ they need none of torch's C++ headers, whose compile takes about a minute per bu
 build of one .cu takes seconds, and a ctypes call costs ~1 us on the host, less than a pybind or
 dispatcher call (the quantizers run ~8 times per layer and micro-batch).
 
-The shared library is cached per (source, GPU architecture, nvcc version) under
+The shared library is cached per (source and the headers beside it, GPU architecture, nvcc version) under
 $INFIR_KERNEL_CACHE (default ~/.cache/infir/kernels), written to a temporary name and renamed,
 so ranks that build at once do not read each other's half-written files. Where nvcc is missing,
 the build fails or the GPU is older than sm_89 (no FP8 conversion instructions), `load` returns
@@ -46,7 +46,8 @@ def _arch(device: torch.device) -> str:
 
 def _build(source: Path, arch: str, nvcc: str) -> Path:
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256(source.read_bytes() + arch.encode() + version.encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.cuh")))  # what the .cu may include
+    key = hashlib.sha256(source.read_bytes() + headers + arch.encode() + version.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("INFIR_KERNEL_CACHE", Path.home() / ".cache" / "infir" / "kernels"))
     out = cache / f"{source.stem}_{arch}_{key}.so"
     if out.exists():
@@ -65,11 +66,13 @@ def _build(source: Path, arch: str, nvcc: str) -> Path:
 
 def load(name: str, device: torch.device) -> ctypes.CDLL | None:
     """The library built from kernels/<name>.cu for `device`'s architecture, or None (see module doc)."""
+    if os.environ.get("INFIR_CUDA_KERNELS", "1") == "0":
+        return None
     key = (name, torch.cuda.get_device_capability(device))
     if key in _LOADED:
         return _LOADED[key]
     lib = None
-    if os.environ.get("INFIR_CUDA_KERNELS", "1") != "0" and torch.cuda.get_device_capability(device) >= (8, 9):
+    if key[1] >= (8, 9):
         nvcc = _nvcc()
         if nvcc is None:
             log.info("infir: nvcc not found; the Triton kernels stand in for %s.cu", name)

@@ -640,20 +640,31 @@ def cuda_both_ok(x2: torch.Tensor) -> bool:
 
 
 _CUDA_READY: set = set()
+_VP, _I32 = ctypes.c_void_p, ctypes.c_int
+# each .cu's entry point (x, ldx, four output pointers, M, K, three int options, stream) and its
+# once-per-device setup
+_CUDA_ENTRY = {"quant_both": ("infir_quant_token_both", "infir_quant_token_both_init"),
+               "quant_two_level": ("infir_quant_two_level", "infir_quant_two_level_init")}
+
+
+def _cuda_fn(name: str, device: torch.device):
+    """The ctypes entry point of kernels/<name>.cu, its kernels set up on `device`."""
+    lib = cuda_build.load(name, device)
+    entry, init = _CUDA_ENTRY[name]
+    if (name, device) not in _CUDA_READY:
+        with torch.cuda.device(device):
+            err = getattr(lib, init)()
+        if err:
+            raise RuntimeError(f"{name}.cu: setting up its kernels failed with cudaError {err}")
+        _CUDA_READY.add((name, device))
+    fn = getattr(lib, entry)
+    fn.restype = _I32
+    fn.argtypes = [_VP, ctypes.c_longlong, _VP, _VP, _VP, _VP, _I32, _I32, _I32, _I32, _I32, _VP]
+    return fn
 
 
 def _cuda_both_run(x2, scale_format, fmt, loads):
-    lib = cuda_build.load("quant_both", x2.device)
-    if x2.device not in _CUDA_READY:
-        with torch.cuda.device(x2.device):
-            err = lib.infir_quant_token_both_init()
-        if err:
-            raise RuntimeError(f"quant_both.cu: setting up its kernels failed with cudaError {err}")
-        _CUDA_READY.add(x2.device)
-    fn = lib.infir_quant_token_both
-    fn.restype = ctypes.c_int
-    vp, i32 = ctypes.c_void_p, ctypes.c_int
-    fn.argtypes = [vp, ctypes.c_longlong, vp, vp, vp, vp, i32, i32, i32, i32, i32, vp]
+    fn = _cuda_fn("quant_both", x2.device)
     M, K = x2.shape
     dt, dev, f32 = get_format(fmt).dtype, x2.device, torch.float32
     n_kb, n_mb, ld, idx = K // TOKEN_BLOCK, M // TOKEN_BLOCK, x2.stride(0), x2.device.index
@@ -816,29 +827,19 @@ def quantize_block_triton(x2, scale_format="ue8m0", fmt="e4m3") -> QTensor:
     return run(x2)
 
 
-def _two_level_entry(x2, scale_format, fmt, fold, block_m, block_k, num_warps):
-    (fmax, ue, out, div), dt = _consts(fmt, scale_format)
-    # Measured on an H100 (16k x 8192, fp32 scales): the guarded fast quotient inside the K loop
-    # ran slower (68% of copy bandwidth vs 78% with div_rn), so two-level keeps div_rn by default.
-    div = 0 if DIV_OVERRIDE is None else DIV_OVERRIDE
-    soft = SOFT_CAST
+def _two_level_run(x2, scale_format, fmt, fold, write):
+    """run(x) of a two-level kernel: allocates the outputs, calls write(x, q, s, g, code) and wraps
+    them (fold: q and the row scales g only; s and code are 1-element dummies)."""
     M, K = x2.shape
-    dev = x2.device
-    idx = dev.index
-    f32 = torch.float32
+    dt, dev, f32, u8 = get_format(fmt).dtype, x2.device, torch.float32, torch.uint8
     n_groups = triton.cdiv(K, MICRO_GROUP)
-    block_k = min(block_k, max(32, triton.next_power_of_2(K)))
-    launch = Launch(_quant_two_level_kernel, grid1d(triton.cdiv(M, block_m)), num_warps)
-    tail = (M, K, x2.stride(0), n_groups, block_m, block_k, fold, fmax, ue, out, div)
-    u8 = torch.uint8
     if fold:
         dummy_s = torch.empty((1,), dtype=f32, device=dev)
         dummy_c = torch.empty((1,), dtype=u8, device=dev)
 
         def run(x):
-            q = torch.empty((M, K), dtype=dt, device=dev)
-            g = torch.empty((M, 1), dtype=f32, device=dev)
-            launch(idx, x, q.view(u8) if soft else q, dummy_s, g, dummy_c, *tail)
+            q, g = torch.empty((M, K), dtype=dt, device=dev), torch.empty((M, 1), dtype=f32, device=dev)
+            write(x, q, dummy_s, g, dummy_c)
             return QTensor(q, g, "row", scale_format, fmt)
     else:
         def run(x):
@@ -846,19 +847,73 @@ def _two_level_entry(x2, scale_format, fmt, fold, block_m, block_k, num_warps):
             s = torch.empty((M, n_groups), dtype=f32, device=dev)
             g = torch.empty((M,), dtype=f32, device=dev)
             code = torch.empty((M, n_groups), dtype=u8, device=dev)
-            launch(idx, x, q.view(u8) if soft else q, s, g, code, *tail)
+            write(x, q, s, g, code)
             return QTensor(q, s, "two_level", scale_format, fmt, global_scale=g, local_exp=code)
     return run
 
 
-def quantize_two_level_triton(x2, scale_format="fp32", fmt="e4m3", fold=False, block_m=2, block_k=2048, num_warps=8):
-    """MOSS two-level rows; fold=True returns fold_two_level() of it directly (granularity "row")."""
+def _two_level_entry(x2, scale_format, fmt, fold, block_m, block_k, num_warps):
+    (fmax, ue, out, div), _ = _consts(fmt, scale_format)
+    # Measured on an H100 (16k x 8192, fp32 scales): the guarded fast quotient inside the K loop
+    # ran slower (68% of copy bandwidth vs 78% with div_rn), so two-level keeps div_rn by default.
+    div = 0 if DIV_OVERRIDE is None else DIV_OVERRIDE
+    soft = SOFT_CAST
+    M, K = x2.shape
+    idx = x2.device.index
+    block_k = min(block_k, max(32, triton.next_power_of_2(K)))
+    launch = Launch(_quant_two_level_kernel, grid1d(triton.cdiv(M, block_m)), num_warps)
+    tail = (M, K, x2.stride(0), triton.cdiv(K, MICRO_GROUP), block_m, block_k, fold, fmax, ue, out, div)
+    u8 = torch.uint8
+
+    def write(x, q, s, g, code):
+        launch(idx, x, q.view(u8) if soft else q, s, g, code, *tail)
+    return _two_level_run(x2, scale_format, fmt, fold, write)
+
+
+_TWO_LEVEL_MAX_K = 49152  # quant_two_level.cu keeps a row in (at most 96 KB of) shared memory
+
+
+def cuda_two_level_ok(x2: torch.Tensor) -> bool:
+    """Whether quant_two_level.cu takes x2: bf16 rows 16-byte aligned, whole groups of 32 and at
+    most _TWO_LEVEL_MAX_K of them per row, the hardware cast, and a library built for the GPU."""
+    K = x2.shape[1]
+    return (x2.is_cuda and x2.dtype == torch.bfloat16 and not SOFT_CAST and K % MICRO_GROUP == 0
+            and K <= _TWO_LEVEL_MAX_K and x2.stride(1) == 1 and x2.stride(0) % 8 == 0
+            and x2.data_ptr() % 16 == 0 and cuda_build.load("quant_two_level", x2.device) is not None)
+
+
+def _cuda_two_level_run(x2, scale_format, fmt, fold):
+    fn = _cuda_fn("quant_two_level", x2.device)
+    M, K = x2.shape
+    ld, idx = x2.stride(0), x2.device.index
+    opts = (int(scale_format == "ue8m0"), int(fmt == "e5m2"), int(fold))
+    stream = torch._C._cuda_getCurrentRawStream
+
+    def write(x, q, s, g, code):
+        err = fn(x.data_ptr(), ld, q.data_ptr(), s.data_ptr(), g.data_ptr(), code.data_ptr(), M, K, *opts, stream(idx))
+        if err:
+            raise RuntimeError(f"quant_two_level.cu launch failed with cudaError {err} at x {tuple(x.shape)}")
+    return _two_level_run(x2, scale_format, fmt, fold, write)
+
+
+def quantize_two_level_triton(x2, scale_format="fp32", fmt="e4m3", fold=False, block_m=2, block_k=2048, num_warps=8,
+                              impl="auto"):
+    """MOSS two-level rows; fold=True returns fold_two_level() of it directly (granularity "row").
+
+    impl: "triton" (this configuration of _quant_two_level_kernel), "cuda" (quant_two_level.cu;
+    Triton where it does not take x2, see cuda_two_level_ok) or "auto" (the faster of the two on
+    the first call for a shape)."""
     key = ("two_level", x2.shape, x2.stride(), x2.dtype, x2.device, x2.data_ptr() & 15 == 0,
-           scale_format, fmt, fold, block_m, block_k, num_warps, SOFT_CAST, DIV_OVERRIDE)
+           scale_format, fmt, fold, block_m, block_k, num_warps, SOFT_CAST, DIV_OVERRIDE, impl)
     run = _ENTRIES.get(key)
     if run is None:
         _check_device(x2)
-        run = _ENTRIES[key] = _two_level_entry(x2, scale_format, fmt, fold, block_m, block_k, num_warps)
+        cands = [] if impl == "cuda" else ["triton"]
+        if impl != "triton" and cuda_two_level_ok(x2):
+            cands.append("cuda")
+        build = lambda c: (_cuda_two_level_run(x2, scale_format, fmt, fold) if c == "cuda" else
+                           _two_level_entry(x2, scale_format, fmt, fold, block_m, block_k, num_warps))
+        run = _ENTRIES[key] = _best(build, cands or ["triton"], x2)
     return run(x2)
 
 

@@ -22,7 +22,11 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "fp8_common.cuh"
+
 namespace {
+
+using namespace infir_fp8;
 
 constexpr int TILE = 128;
 constexpr int THREADS = 256;
@@ -30,30 +34,6 @@ constexpr int XS_PITCH = TILE + 8;     // bf16 elements per shared row: 16-byte 
 constexpr int QS_PITCH = TILE + 16;    // bytes per staged FP8 row of X^T
 constexpr int XS_BYTES = TILE * XS_PITCH * 2, QS_BYTES = TILE * QS_PITCH;
 constexpr int SMEM_BYTES = XS_BYTES + QS_BYTES + 4 * TILE * 4;  // 55,296: four blocks fit an SM
-
-__device__ __forceinline__ float abs_nan_inf(float v) {
-  float a = fabsf(v);
-  return a != a ? __int_as_float(0x7f800000) : a;
-}
-
-__device__ __forceinline__ int ceil_log2(float x) {
-  int bits = __float_as_int(x);
-  int biased = (bits >> 23) & 0xFF, mant = bits & 0x7FFFFF;
-  int e = biased == 0 ? (mant > (1 << 22) ? -126 : -127) : biased - 127 + (mant != 0);
-  return min(max(e, -127), 127);
-}
-
-__device__ __forceinline__ float exp2i(int e) {
-  return __int_as_float(e >= -126 ? (e + 127) << 23 : 1 << 22);
-}
-
-template <bool UE8M0>
-__device__ __forceinline__ float scale_from_amax(float amax, float fmax) {
-  float s = __fdiv_rn(amax, fmax);
-  float out = UE8M0 ? exp2i(ceil_log2(s)) : s;
-  out = s == 0.f ? 1.f : out;
-  return amax == __int_as_float(0x7f800000) ? __int_as_float(0x7fc00000) : out;
-}
 
 // 1/s for UE8M0 scales (a power of two, 1, or NaN): exact, so x * inv is the rounded quotient.
 __device__ __forceinline__ float inv_pow2(float s) {
@@ -64,15 +44,6 @@ __device__ __forceinline__ float inv_pow2(float s) {
 template <bool UE8M0>
 __device__ __forceinline__ float quot(float x, float s, float inv) {
   return UE8M0 ? x * inv : __fdiv_rn(x, s);
-}
-
-template <bool E5M2>
-__device__ __forceinline__ uint32_t fp8x2(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, E5M2 ? __NV_E5M2 : __NV_E4M3);
-}
-
-__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t w) {
-  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
 }
 
 // LOADS: 16-byte loads in flight per thread in the row phase (4 or 8; 8 rows of 16 per thread).
