@@ -48,3 +48,21 @@ def test_no_cuda_kernels_means_none(monkeypatch, caplog):
     monkeypatch.setattr(cuda_build, "_LOADED", {})
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))  # A100: no FP8 casts
     assert cuda_build.load("quant_both", dev) is None
+
+
+def test_a_failing_autotune_candidate_is_skipped_with_a_warning(caplog):
+    from infir.fp8.kernels.quant import _warmed
+
+    x = torch.ones(4)
+
+    def build(cfg):
+        if cfg.get("CUDA"):
+            def run(t):
+                raise RuntimeError("quant_both.cu launch failed with cudaError 209")
+            return run
+        return lambda t: t * 2
+
+    with caplog.at_level(logging.WARNING):
+        assert _warmed(build, {"CUDA": True}, x) is None
+        assert torch.equal(_warmed(build, {"num_warps": 4}, x)(x), x * 2)
+    assert "skipped" in caplog.text and "cudaError 209" in caplog.text

@@ -599,19 +599,19 @@ _SPIN_CYCLES = 2_000_000  # ~1 ms at H100 clocks; ten runs take the host ~0.4 ms
 def _best(build, candidates, x):
     """The fastest of `candidates` (configs) for input x: build(cfg) -> run(x), timed with CUDA
     events over 10 runs queued behind a ~1 ms GPU spin (best of 3, after 2 warm-ups). Behind the
-    spin, because timed one by one or even back to back the events also caught the host's ~35-45 us
-    per call (output allocation, the launch itself; an H100 host, 2026-11-24) whenever it exceeded
-    the kernel, which decided for the cheaper launch rather than the faster kernel at small shapes;
-    in training the host runs ahead and the kernel time is what the step pays. Once per cache
-    entry, on the first call: the kernels have no side effects beyond their fresh outputs, so
-    trial launches are harmless."""
+    spin, because timed one by one or even back to back the events also caught the host's work per
+    call (output allocation, the launch itself: 19-32 us on an H100 host, bench/quant.py --host)
+    whenever it exceeded the kernel, which decided for the cheaper launch rather than the faster
+    kernel at small shapes; in training the host runs ahead and the kernel time is what the step
+    pays. Once per cache entry, on the first call: the kernels have no side effects beyond their
+    fresh outputs, so trial launches are harmless. A candidate that fails is skipped (_warmed)."""
     if _INTERPRET or not AUTOTUNE or len(candidates) < 2 or not x.is_cuda:
         return build(candidates[0])
     best, best_ms, best_cfg = None, float("inf"), None
     for cfg in candidates:
-        run = build(cfg)
-        for _ in range(2):
-            run(x)
+        run = _warmed(build, cfg, x)
+        if run is None:
+            continue
         ms = float("inf")
         for _ in range(3):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -625,9 +625,25 @@ def _best(build, candidates, x):
             ms = min(ms, a.elapsed_time(b) / 10)
         if ms < best_ms:
             best, best_ms, best_cfg = run, ms, cfg
+    if best is None:
+        raise RuntimeError(f"every FP8 quantizer candidate failed on a {tuple(x.shape)} {x.dtype} input (see the warnings above)")
     log.debug("FP8 quantizer for %s %s: %s, %.4f ms, fastest of %d", tuple(x.shape), x.dtype, best_cfg, best_ms,
               len(candidates))
     return best
+
+
+def _warmed(build, cfg, x):
+    """build(cfg)'s run, after two runs on x; None, with a warning, where building or running it
+    raises. A CUDA C++ library can build here and still fail to set up or launch (a driver older
+    than the nvcc that built it, say): the Triton candidates must then carry on, not the run stop."""
+    try:
+        run = build(cfg)
+        for _ in range(2):
+            run(x)
+    except RuntimeError as e:
+        log.warning("infir: FP8 quantizer candidate %s failed on a %s input and is skipped: %s", cfg, tuple(x.shape), e)
+        return None
+    return run
 
 
 def cuda_both_ok(x2: torch.Tensor) -> bool:
