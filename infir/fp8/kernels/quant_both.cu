@@ -1,7 +1,7 @@
 // X along K (1x128 scales) and X^T along M (128x1 scales, written transposed) from one read of X:
 // the both-layouts token quantizer of kernels/quant.py, in CUDA C++.
 //
-// Why CUDA here and Triton everywhere else: this kernel needs each 128x128 bf16 tile reduced along
+// Why CUDA here, where the single-layout quantizers stay in Triton: this kernel needs each 128x128 bf16 tile reduced along
 // both axes and written out in both orientations. Triton keeps the tile in registers and transposes
 // through layout conversions it chooses itself; every Triton design we tried (one fused tile, two
 // chunked passes, row and column programs reading X twice, grouped for L2) stayed at 44-71% of copy
