@@ -1,13 +1,13 @@
 // X along K (1x128 scales) and X^T along M (128x1 scales, written transposed) from one read of X:
 // the both-layouts token quantizer of kernels/quant.py, in CUDA C++.
 //
-// Why CUDA here, where the single-layout quantizers stay in Triton: this kernel needs each 128x128 bf16 tile reduced along
-// both axes and written out in both orientations. Triton keeps the tile in registers and transposes
-// through layout conversions it chooses itself; every Triton design we tried (one fused tile, two
-// chunked passes, row and column programs reading X twice, grouped for L2) stayed at 44-71% of copy
-// bandwidth on an H100 (BENCHMARKS.md). Here the tile goes through shared memory once, laid out for
-// conflict-free column reads, and the transposed FP8 bytes are staged so that every store is a full
-// 128-byte line.
+// Why CUDA here, where the single-layout quantizers stay in Triton: this kernel needs each 128x128
+// bf16 tile reduced along both axes and written out in both orientations. Triton keeps the tile in
+// registers and transposes through layout conversions it chooses itself; every Triton design we
+// tried (one fused tile, two chunked passes, row and column programs reading X twice, grouped for
+// L2) stayed at 44-71% of copy bandwidth on an H100 (BENCHMARKS.md). Here the tile goes through
+// shared memory once, laid out for conflict-free column reads, and the transposed FP8 bytes are
+// staged so that every store is a full 128-byte line.
 //
 // Bits: identical to the PyTorch reference (quantize.py) and to the Triton kernels: amax with NaN as
 // +inf, scale = RN(amax / fmax) (UE8M0: 2^ceil(log2) from the bits; 0 -> 1; inf -> NaN), quotient
