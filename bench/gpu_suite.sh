@@ -8,6 +8,7 @@
 #   bash bench/gpu_suite.sh step-0.5b      bench/step.py: 0.5B at seq 4096 and 8192, recompute off/selective
 #   bash bench/gpu_suite.sh step-0.5b-graphs  bench/step.py: 0.5B, seq 4096, BF16 vs FP8, both with and without
 #                                          CUDA graphs (model.compile_mode=reduce-overhead) (+ profile)
+#   bash bench/gpu_suite.sh step-1.5b-graphs  the same at 1.5B
 #   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8, with and
 #                                          without sequence parallelism (+ profile)
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 ran out of memory)
@@ -61,11 +62,13 @@ for stage in "$@"; do
     step-0.5b)
       run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" --profile \
         --recompute none selective --precision bf16 fp8_blockwise_ue8m0 --out "$OUT/step_0.5b.md" ;;
-    step-0.5b-graphs)
+    step-0.5b-graphs|step-1.5b-graphs)
       G=model.compile_mode=reduce-overhead
-      run step_0.5b_graphs python3 bench/step.py --seq 4096 --steps 7 --accum "$ACCUM" --profile --out "$OUT/step_0.5b_graphs.md" \
-        --cases qwen2.5-0.5b:none:bf16 qwen2.5-0.5b:none:fp8_blockwise_ue8m0 \
-                "qwen2.5-0.5b:none:bf16+$G" "qwen2.5-0.5b:none:fp8_blockwise_ue8m0+$G" ;;
+      size=${stage#step-}; size=${size%-graphs}
+      run "step_${size}_graphs" python3 bench/step.py --seq 4096 --steps 7 --accum "$ACCUM" --profile \
+        --out "$OUT/step_${size}_graphs.md" \
+        --cases "qwen2.5-$size:none:bf16" "qwen2.5-$size:none:fp8_blockwise_ue8m0" \
+                "qwen2.5-$size:none:bf16+$G" "qwen2.5-$size:none:fp8_blockwise_ue8m0+$G" ;;
     step-7b-tp2)
       NOSP=parallel.sequence_parallel=false
       run step_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
@@ -75,7 +78,7 @@ for stage in "$@"; do
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root "$OUT/parity" --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
-    *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-7b-tp2 parity" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 parity" >&2; exit 2 ;;
   esac
 done
 exit $status
