@@ -1,4 +1,5 @@
-"""infir.fp8: FP8 numerics for training (pure PyTorch + Triton, no megatron import)."""
+"""infir.fp8: FP8 numerics for training (PyTorch + Triton, two CUDA C++ quantizers built on first use where
+nvcc exists; no megatron import)."""
 from .autoscale import AutoScaler
 from .gemm import fp8_gemm
 from .linear import Fp8Linear, Fp8LinearFunction, WeightCache, linear

@@ -1,4 +1,6 @@
-"""Triton kernels of infir.fp8; each has its plain-PyTorch twin in infir/fp8/quantize.py, gemm.py or swiglu.py."""
+"""Triton kernels of infir.fp8, and two CUDA C++ quantizers (quant_both.cu, quant_two_level.cu; built by
+nvcc on first use, see cuda_build.py) that the wrappers below pick where they are faster; each kernel has
+its plain-PyTorch twin in infir/fp8/quantize.py, gemm.py or swiglu.py."""
 from .quant import (
     amax_triton,
     quantize_block_triton,
