@@ -30,11 +30,12 @@ _LOADED: dict = {}
 
 
 def _nvcc() -> str | None:
+    """$CUDA_HOME/bin/nvcc (or $CUDA_PATH's), else nvcc on PATH, else /usr/local/cuda's; None if none exists."""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    cand = Path(home, "bin", "nvcc") if home else None
-    if cand is not None and cand.exists():
-        return str(cand)
-    return shutil.which("nvcc") or (str(Path("/usr/local/cuda/bin/nvcc")) if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    for cand in ([Path(home, "bin", "nvcc")] if home else []) + [shutil.which("nvcc"), Path("/usr/local/cuda/bin/nvcc")]:
+        if cand and Path(cand).exists():
+            return str(cand)
+    return None
 
 
 def _arch(device: torch.device) -> str:
@@ -80,6 +81,8 @@ def load(name: str, device: torch.device) -> ctypes.CDLL | None:
             try:
                 lib = ctypes.CDLL(str(_build(_HERE / f"{name}.cu", _arch(device), nvcc)))
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                log.warning("infir: could not build %s.cu, using the Triton kernels instead: %s", name, e)
+                log.warning("infir: could not build %s.cu, using the Triton kernels instead (same bits, slower): %s. "
+                            "Fix the nvcc install, point INFIR_KERNEL_CACHE at a writable directory, or set "
+                            "INFIR_CUDA_KERNELS=0 to skip the build", name, e)
     _LOADED[key] = lib
     return lib

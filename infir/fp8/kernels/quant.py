@@ -9,7 +9,7 @@ One HBM pass per tensor wherever the scaling unit allows it:
   (rows programs + transposing column programs, X read twice; grouped: the two kinds of programs
   interleaved per 128x128 region, so that the second read may come from L2). On a GPU with nvcc,
   quant_both.cu (CUDA C++, 85-88% of copy bandwidth where these reach 60-71%) is one more
-  candidate of the autotune, and wins it at every Qwen shape measured.
+  candidate of the autotune; it won at every shape of the 1.5B and 7B steps profiled on 2026-11-24.
 - `_quant_block_kernel`: one 128x128 scale per tile. W^T for dgrad is W's bytes transposed by torch
   (see _W_T_BY_TORCH: the in-kernel transposed store gave NaN dgrads on an H100).
 - `_quant_two_level_kernel`: MOSS rows: pass 1 finds the row amax, pass 2 (re-read mostly from
@@ -646,13 +646,17 @@ def _warmed(build, cfg, x):
     return run
 
 
+def _cuda_takes(x2: torch.Tensor, name: str) -> bool:
+    """What both CUDA C++ quantizers need: bf16 on a GPU, rows of 16-byte aligned vectors, the
+    hardware cast (not the interpreter's software one), and kernels/<name>.cu built for the GPU."""
+    return (x2.is_cuda and x2.dtype == torch.bfloat16 and not SOFT_CAST and x2.stride(1) == 1
+            and x2.stride(0) % 8 == 0 and x2.data_ptr() % 16 == 0 and cuda_build.load(name, x2.device) is not None)
+
+
 def cuda_both_ok(x2: torch.Tensor) -> bool:
-    """Whether quant_both.cu takes x2: bf16 rows 16-byte aligned, M and K whole 128-blocks, the
-    hardware cast (not the interpreter's software one), and a library that built for the GPU."""
+    """Whether quant_both.cu takes x2: M and K whole 128-blocks, and _cuda_takes."""
     M, K = x2.shape
-    return (x2.is_cuda and x2.dtype == torch.bfloat16 and not SOFT_CAST and M % TOKEN_BLOCK == 0
-            and K % TOKEN_BLOCK == 0 and x2.stride(1) == 1 and x2.stride(0) % 8 == 0
-            and x2.data_ptr() % 16 == 0 and cuda_build.load("quant_both", x2.device) is not None)
+    return M % TOKEN_BLOCK == 0 and K % TOKEN_BLOCK == 0 and _cuda_takes(x2, "quant_both")
 
 
 _CUDA_READY: set = set()
@@ -890,12 +894,10 @@ _TWO_LEVEL_MAX_K = 49152  # quant_two_level.cu keeps a row in (at most 96 KB of)
 
 
 def cuda_two_level_ok(x2: torch.Tensor) -> bool:
-    """Whether quant_two_level.cu takes x2: bf16 rows 16-byte aligned, whole groups of 32 and at
-    most _TWO_LEVEL_MAX_K of them per row, the hardware cast, and a library built for the GPU."""
+    """Whether quant_two_level.cu takes x2: whole groups of 32, at most _TWO_LEVEL_MAX_K elements
+    per row, and _cuda_takes."""
     K = x2.shape[1]
-    return (x2.is_cuda and x2.dtype == torch.bfloat16 and not SOFT_CAST and K % MICRO_GROUP == 0
-            and K <= _TWO_LEVEL_MAX_K and x2.stride(1) == 1 and x2.stride(0) % 8 == 0
-            and x2.data_ptr() % 16 == 0 and cuda_build.load("quant_two_level", x2.device) is not None)
+    return K % MICRO_GROUP == 0 and K <= _TWO_LEVEL_MAX_K and _cuda_takes(x2, "quant_two_level")
 
 
 def _cuda_two_level_run(x2, scale_format, fmt, fold):
