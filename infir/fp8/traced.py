@@ -15,8 +15,8 @@ tried and was slower end to end on an H100: inductor's code for the transposed 1
 (X^T for wgrad) ran far under the Triton kernels' bandwidth.
 
 Sequence parallelism: given the TP group's name, the linear quantizes the local sequence shard and
-all-gathers the FP8 bytes + scales (and dgrad reduce-scatters dX) as functional collectives, which
-dynamo keeps inside the layer's graph; the eager path (infir.model.fp8_linears.Fp8GatheredColumn)
+all-gathers the FP8 bytes + scales (X^T's for wgrad only in backward; dgrad reduce-scatters dX) as
+functional collectives, which dynamo keeps inside the layer's graph; the eager path (infir.model.fp8_linears.Fp8GatheredColumn)
 moves the same bytes from Python, where each projection became a graph break.
 
 The weight operand (W, quantized once per optimizer step by a WeightCache) comes in as tensors,
@@ -125,25 +125,42 @@ def quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: st
     return (q, s, gran), ((qt, st, gran) if cols else None)
 
 
-def _sp_gather(t: torch.Tensor, dim: int, group: str, world: int) -> torch.Tensor:
-    """Every rank's t of the sequence-parallel group, concatenated along dim (0 or 1) in rank order.
+def _sp_gather_start(ts, dim: int, group: str, world: int) -> list:
+    """Starts one all-gather of every rank's tensors ts (an FP8 operand's data and scales) over the
+    sequence-parallel group, each to be concatenated along dim (0 or 1) in rank order by
+    _sp_gather_wait; work issued between the two may overlap it. One coalesced collective, not one
+    per tensor: each costs the host ~90 us (under the profiler), and a 7B FP8 step at TP=2 issued
+    ~1500 of them and waited on the slower rank's host (bench/step.py --profile, rank1.log).
 
-    FP8 moves as bytes (collectives have no FP8 type). A transposed view (the outer-dim-major token
+    Everything moves as bytes (collectives have no FP8 type). A transposed view (the outer-dim-major token
     scales) is gathered through its storage, so the result keeps the layout the GEMM op expects.
     """
-    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
-        return _sp_gather(t.t(), 1 - dim, group, world).t()
-    raw = t.view(torch.uint8) if t.element_size() == 1 else t.contiguous()
-    out = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_gather_into_tensor(raw, world, group))
-    if dim == 1:  # the collective stacks the shards along dim 0
+    raws, meta = [], []
+    for t in ts:
+        flip = t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+        if flip:
+            t = t.t()
+        # flat bytes: one dtype (gloo's coalesced gather garbles mixed ones), and a (n, 1) tensor's
+        # stride of n in its last dim cannot be viewed as bytes
+        raws.append(t.contiguous().reshape(-1).view(torch.uint8))
+        meta.append((1 - dim if flip else dim, flip, t.dtype, t.shape[0], world))
+    outs = torch.ops._c10d_functional.all_gather_into_tensor_coalesced(raws, world, group)
+    return [(out, *m) for out, m in zip(outs, meta)]
+
+
+def _sp_gather_wait(pending) -> torch.Tensor:
+    out, dim, flip, dtype, rows, world = pending
+    out = torch.ops._c10d_functional.wait_tensor(out).view(rows * world, -1)  # the ranks' rows, stacked
+    if dim == 1:
         out = torch.cat(out.chunk(world, 0), dim=1)
-    return out.view(t.dtype)
+    out = out.view(dtype)
+    return out.t() if flip else out
 
 
-def _sp_reduce_scatter(t: torch.Tensor, group: str, world: int) -> torch.Tensor:
-    """This rank's sequence shard of the sum of every rank's t (dgrad of the all-gather)."""
-    return torch.ops._c10d_functional.wait_tensor(
-        torch.ops._c10d_functional.reduce_scatter_tensor(t.contiguous(), "sum", world, group))
+def _sp_reduce_scatter_start(t: torch.Tensor, group: str, world: int) -> torch.Tensor:
+    """Starts this rank's sequence shard of the sum of every rank's t (dgrad of the all-gather);
+    wait_tensor on the result finishes it."""
+    return torch.ops._c10d_functional.reduce_scatter_tensor(t.contiguous(), "sum", world, group)
 
 
 class TracedFp8Linear(torch.autograd.Function):
@@ -162,10 +179,8 @@ class TracedFp8Linear(torch.autograd.Function):
                 scale_format: str, fmt: str, sp_group: str | None, sp_size: int):
         need_wgrad = ctx.needs_input_grad[1]
         (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
-        if sp_group is not None:
-            qx, sx = _sp_gather(qx, 0, sp_group, sp_size), _sp_gather(sx, 0, sp_group, sp_size)
-            if xt is not None:
-                xt = (_sp_gather(xt[0], 1, sp_group, sp_size), _sp_gather(xt[1], 1, sp_group, sp_size), xt[2])
+        if sp_group is not None:  # X^T's shards stay local until backward
+            qx, sx = [_sp_gather_wait(p) for p in _sp_gather_start((qx, sx), 0, sp_group, sp_size)]
         y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype, False, w_mm)
         if bias is not None:
             y = y + bias.to(y.dtype)
@@ -186,14 +201,26 @@ class TracedFp8Linear(torch.autograd.Function):
         saved = ctx.saved_tensors  # indexed: on CUDA dynamo broke the graph at a list.pop() here
         w, w_scale, w_mm_t = saved[0], saved[1], (saved[2] if ctx.has_w_mm_t else None)
         xt = saved[3:] if ctx.has_w_mm_t else saved[2:]
+        sp = ctx.sp_group is not None
+        # Under SP, megatron's order: X^T's shards (saved unreduced: half the memory at TP=2) are gathered
+        # around dY's quantization and dgrad, and dX's reduce-scatter around wgrad. On two H200s
+        # (torch 2.11, NCCL) the profile still saw no collective beside a compute kernel.
+        if sp and need_wgrad:
+            pending = _sp_gather_start(xt, 1, ctx.sp_group, ctx.sp_size)
         (qdy, sdy, gdy), dyt = quantize_pair(dy, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols=need_wgrad)
         dx = None
         if need_dgrad:
             dx = fp8_mm(qdy, sdy, gdy, w, w_scale, ctx.w_gran, ctx.x_dtype, True, w_mm_t)
-            if ctx.sp_group is not None:
-                dx = _sp_reduce_scatter(dx, ctx.sp_group, ctx.sp_size)
-        # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
-        dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype) if need_wgrad else None
+            if sp:
+                dx = _sp_reduce_scatter_start(dx, ctx.sp_group, ctx.sp_size)
+        dw = None
+        if need_wgrad:
+            if sp:
+                xt = [_sp_gather_wait(p) for p in pending]
+            # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
+            dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype)
+        if dx is not None and sp:
+            dx = torch.ops._c10d_functional.wait_tensor(dx)
         db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
         return dx, dw, None, None, None, None, db, None, None, None, None, None, None, None
 
