@@ -18,6 +18,7 @@ GEMM ceiling and r are measured at one rank's shards of the shapes; rank 0 repor
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import os
 import sys
@@ -75,6 +76,8 @@ def lm_head_ms(size, tokens: int, tp: int = 1) -> float:
 
 def classify(name: str) -> str:
     n = name.lower()
+    if n.startswith("nccl"):  # TP/SP collectives; they run on their own stream, beside compute
+        return "communication"
     if any(k in n for k in ("adam", "multi_tensor", "foreach")):  # before "flash": _flash_adamw_kernel
         return "optimizer"
     if any(k in n for k in ("flash", "fmha", "attention", "attn")):
@@ -106,7 +109,8 @@ def profile_step(trainer) -> dict[str, float]:
     kernels = []
     for evt in prof.key_averages():
         t = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
-        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA:
+        # "nccl:<op>" rows are the profiler's annotations spanning the collective's kernel: counted once, as kernels
+        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA and not evt.key.startswith("nccl:"):
             share[classify(evt.key)] = share.get(classify(evt.key), 0.0) + t
             kernels.append((t, evt.count, evt.key))
     total = sum(share.values())
@@ -114,7 +118,45 @@ def profile_step(trainer) -> dict[str, float]:
     print("top kernels (one step):\n" + "\n".join(f"  {100 * t / total:5.1f}% x{n:<4d} {k[:150]}" for t, n, k in top), flush=True)
     # GPU-busy time beside the step's wall time: their gap is time the GPU waited on the host
     print(f"kernel time in the profiled step: {total / 1e3:.1f} ms", flush=True)
+    exposed_communication(prof)
     return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
+
+
+def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def exposed_communication(prof) -> None:
+    """How much of the collectives' kernel time no compute kernel ran beside: the part of the
+    communication the step waits for. A collective's kernel also spans the wait for the slower rank,
+    so its own length overstates the wire time; the exposed part is what costs the step."""
+    comm, compute = [], []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start \
+                or e.name.startswith("nccl:"):
+            continue
+        (comm if e.name.lower().startswith("nccl") else compute).append((e.time_range.start, e.time_range.end))
+    if not comm:
+        return
+    busy, comm = _union(compute), _union(comm)
+    starts = [x for x, _ in busy]
+    exposed = 0
+    for a, b in comm:
+        j = max(bisect.bisect_right(starts, a) - 1, 0)  # the first compute span that can overlap [a, b)
+        covered = 0
+        while j < len(busy) and busy[j][0] < b:
+            covered += max(0, min(b, busy[j][1]) - max(a, busy[j][0]))
+            j += 1
+        exposed += (b - a) - covered
+    total = sum(b - a for a, b in comm)
+    print(f"communication kernels: {total / 1e3:.1f} ms in the profiled step, {exposed / 1e3:.1f} ms of it "
+          f"with no compute kernel beside it (exposed)", flush=True)
 
 
 def host_report(prof) -> None:
@@ -296,9 +338,10 @@ def main() -> None:
                         "product (overrides: Hydra ones for that case); "
                         f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
-    reporting = int(os.environ.get("RANK", "0")) == 0  # every rank runs every case; rank 0 reports
-    if not reporting:
-        sys.stdout = open(os.devnull, "w")
+    rank = int(os.environ.get("RANK", "0"))
+    reporting = rank == 0  # every rank runs every case; rank 0 reports
+    if not reporting:  # the other ranks' own timings and profiles: a slow rank shows up in its log
+        sys.stdout = open(Path(args.out).with_suffix(f".rank{rank}.log") if args.out else os.devnull, "w", buffering=1)
     torch._logging.set_logs(recompiles=True)  # a recompile inside the timed steps shows up in the log
     rows, profiles = [], []
     if args.cases:

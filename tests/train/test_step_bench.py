@@ -1,0 +1,39 @@
+"""bench/step.py's profile arithmetic on CPU: which kernels count as communication, and how much of
+the collectives' time had no compute kernel beside it (a hand-made timeline)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import step  # noqa: E402
+
+CUDA = torch.autograd.DeviceType.CUDA
+
+
+def _kernel(name, start, end, device=CUDA):
+    return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+
+def test_nccl_kernels_are_communication_and_gemms_are_not():
+    assert step.classify("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "communication"
+    assert step.classify("nvjet_sm90_qqtst_128x128_128x6_2x1_v_bz_coopA_algo2_Ablk128_Bvec128_TNN") == "gemm"
+
+
+def test_exposed_communication_counts_only_time_without_compute(capsys):
+    prof = SimpleNamespace(events=lambda: [
+        _kernel("ncclDevKernel_AllGather", 0, 1000),        # 300 of it beside gemm_a, 100 beside gemm_b
+        _kernel("nccl:all_gather_into_tensor", 0, 1000),    # the profiler's annotation of the same span: ignored
+        _kernel("gemm_a", 200, 500),
+        _kernel("gemm_b", 900, 2000),
+        _kernel("ncclDevKernel_ReduceScatter", 1500, 1700),  # wholly beside gemm_b
+        _kernel("ncclDevKernel_AllGather", 3000, 3400),      # alone
+        _kernel("cpu_op", 0, 5000, device=torch.autograd.DeviceType.CPU),
+    ])
+    step.exposed_communication(prof)
+    out = capsys.readouterr().out
+    # comm 1000 + 200 + 400 = 1600 us; exposed 600 + 0 + 400 = 1000 us
+    assert "communication kernels: 1.6 ms in the profiled step, 1.0 ms of it" in out, out
