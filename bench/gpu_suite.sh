@@ -7,10 +7,11 @@
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
 #   bash bench/gpu_suite.sh step-0.5b      bench/step.py: 0.5B at seq 4096 and 8192, recompute off/selective
 #   bash bench/gpu_suite.sh step-0.5b-graphs  bench/step.py: 0.5B, seq 4096, BF16 vs FP8, both with and without
-#                                          CUDA graphs (model.compile_mode=reduce-overhead) (+ profile)
+#                                          CUDA graphs (FP8's default, model.compile_mode=auto, takes them) (+ profile)
 #   bash bench/gpu_suite.sh step-1.5b-graphs  the same at 1.5B
-#   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8, with and
-#                                          without sequence parallelism (+ profile)
+#   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8 (with and
+#                                          without CUDA graphs), with and without sequence parallelism (+ profile;
+#                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 ran out of memory)
 # Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
 # outputs/gpu_suite); paste them into BENCHMARKS.md verbatim. Where megatron-core or Hydra is not
@@ -68,12 +69,12 @@ for stage in "$@"; do
       run "step_${size}_graphs" python3 bench/step.py --seq 4096 --steps 7 --accum "$ACCUM" --profile \
         --out "$OUT/step_${size}_graphs.md" \
         --cases "qwen2.5-$size:none:bf16" "qwen2.5-$size:none:fp8_blockwise_ue8m0" \
-                "qwen2.5-$size:none:bf16+$G" "qwen2.5-$size:none:fp8_blockwise_ue8m0+$G" ;;
+                "qwen2.5-$size:none:bf16+$G" "qwen2.5-$size:none:fp8_blockwise_ue8m0+model.compile_mode=default" ;;
     step-7b-tp2)
       NOSP=parallel.sequence_parallel=false
       run step_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
-        --seq 4096 --mbs 1 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2.md" \
-        --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 \
+        --seq 4096 --mbs 1 --steps 7 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2.md" \
+        --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 qwen2.5-7b:none:fp8_blockwise_ue8m0+model.compile_mode=default \
                 "qwen2.5-7b:none:bf16+$NOSP" "qwen2.5-7b:none:fp8_blockwise_ue8m0+$NOSP" ;;
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root "$OUT/parity" --out "$OUT/parity.md" \

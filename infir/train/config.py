@@ -18,7 +18,7 @@ def _need(cond: bool, key: str, value, valid: str) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; expected {valid}")
 
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -36,8 +36,8 @@ def validate(cfg: DictConfig) -> None:
         _need(cfg.precision.recipe in FP8_RECIPES, "precision.fp8_swiglu_input", True,
               f"false with precision.recipe={cfg.precision.recipe} (an FP8 recipe keeps SwiGLU's input in FP8: {', '.join(FP8_RECIPES)})")
     _need(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device, "auto, cpu or cuda")
-    _need(cfg.model.get("compile_mode", "default") in COMPILE_MODES, "model.compile_mode", cfg.model.get("compile_mode"),
-          f"one of {', '.join(COMPILE_MODES)} (torch.compile's modes)")
+    _need(cfg.model.get("compile_mode", "auto") in COMPILE_MODES, "model.compile_mode", cfg.model.get("compile_mode"),
+          f"one of {', '.join(COMPILE_MODES)} (auto, or one of torch.compile's modes)")
     _need(isinstance(cfg.parallel.tp, int) and cfg.parallel.tp >= 1, "parallel.tp", cfg.parallel.tp, "an integer >= 1")
     for key in ("seq_length", "global_batch", "micro_batch"):
         _need(isinstance(st[key], int) and st[key] > 0, f"stage.{key}", st[key], "a positive integer")

@@ -31,6 +31,19 @@ def _on_gpu(choice, device: torch.device) -> bool:
     return device.type == "cuda" if choice == "auto" else bool(choice)
 
 
+def compile_mode(choice: str, precision: str, recompute: str) -> str:
+    """torch.compile's mode for each layer; auto: CUDA graphs (reduce-overhead) for the blockwise FP8
+    recipes, the default mode otherwise. Their layers issue about twice the kernels of a BF16 one
+    (quantizers, and under sequence parallelism the FP8 gathers) around shorter GEMMs, so the step
+    waits on the host: with graphs, 7B at TP=2 + SP went from 950 to 671 ms a step, and 0.5B from
+    0.66x of BF16 (both without graphs) to 0.94x (both with), while BF16 gains nothing (7B TP=2:
+    668 vs 659 ms); BENCHMARKS.md, 2026-11-24. Not for the per-tensor and MOSS recipes, nor with recomputation: none of these has
+    been run under graphs."""
+    if choice != "auto":
+        return choice
+    return "reduce-overhead" if precision.startswith("fp8_blockwise") and recompute == "none" else "default"
+
+
 class NonFiniteError(RuntimeError):
     """A NaN/Inf loss or gradient norm stopped the run (the last good checkpoint is kept)."""
 
@@ -81,9 +94,9 @@ class Trainer:
         if _on_gpu(cfg.model.compile, self.device):
             # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
             # Module.compile() works in place, so parameter names and checkpoints are unchanged.
-            # reduce-overhead adds CUDA graphs: for models small enough that issuing a layer's
-            # kernels from Python takes longer than running them (0.5B FP8: 0.62x -> 0.95x of BF16)
-            mode = cfg.model.get("compile_mode", "default")
+            # reduce-overhead adds CUDA graphs: for steps where issuing a layer's kernels from
+            # Python takes longer than running them (compile_mode above)
+            mode = compile_mode(cfg.model.get("compile_mode", "auto"), cfg.precision.recipe, cfg.model.recompute)
             for layer in model.decoder.layers:
                 layer.compile(mode=None if mode == "default" else mode)
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

@@ -51,3 +51,20 @@ def test_missing_data_source_is_named_before_training(tmp_path):
     assert proc.returncode != 0
     assert "data.sources.pretrain is not set" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("precision, recompute, mode", [
+    ("fp8_blockwise_ue8m0", "none", "reduce-overhead"),
+    ("fp8_blockwise_fp32", "none", "reduce-overhead"),
+    ("fp8_blockwise_ue8m0", "full", "default"),    # recomputation has not run under CUDA graphs
+    ("fp8_tensorwise", "none", "default"),
+    ("moss", "none", "default"),
+    ("bf16", "none", "default"),
+])
+def test_compile_mode_auto_takes_cuda_graphs_for_blockwise_fp8_only(precision, recompute, mode):
+    from infir.train.loop import compile_mode
+
+    cfg = compose([f"precision={precision}", f"model.recompute={recompute}"])
+    assert cfg.model.compile_mode == "auto"
+    assert compile_mode(cfg.model.compile_mode, cfg.precision.recipe, cfg.model.recompute) == mode
+    assert compile_mode("default", cfg.precision.recipe, recompute) == "default"  # an explicit mode wins
