@@ -49,9 +49,11 @@ def test_gpu_sequence_parallel_fp8_all_gather_over_nccl(recipe):
 def test_gpu_cuda_graphs_train_on_the_same_losses(demo_root, tmp_path):
     """compile_mode=reduce-overhead replays each compiled layer as a CUDA graph; the FP8 weights are
     refreshed in place between steps, so the replays read each step's weights: same losses. Steps
-    2+ (after the first update) are where a graph reading stale weights would drift."""
+    2+ (after the first update) are where a graph reading stale weights would drift. Every third
+    step is an FP8 health step, whose layers leave the graph for the eager path and come back."""
     common = [*FAST, f"data.root={demo_root}", "model=small-180m", "precision=fp8_blockwise_ue8m0",
-              "stage.iters=6", "stage.seq_length=512", "stage.micro_batch=2", "stage.global_batch=4"]
+              "stage.iters=6", "stage.seq_length=512", "stage.micro_batch=2", "stage.global_batch=4",
+              "train.fp8_health_interval=3"]
     run_train([*common, f"run_dir={tmp_path / 'eager'}", "model.compile_mode=default"])  # auto would take graphs too
     run_train([*common, f"run_dir={tmp_path / 'graphs'}", "model.compile_mode=reduce-overhead"])
     a, b = losses(tmp_path / "eager"), losses(tmp_path / "graphs")
@@ -59,6 +61,8 @@ def test_gpu_cuda_graphs_train_on_the_same_losses(demo_root, tmp_path):
     assert a[6] < a[1], "the loss should fall over 6 steps"
     for step in a:
         assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
+    rows = [json.loads(line) for line in (tmp_path / "graphs" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "fp8/swiglu_amax_max" in r] == [3, 6]
 
 
 def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
