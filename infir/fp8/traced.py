@@ -129,7 +129,7 @@ def _sp_gather_start(ts, dim: int, group: str, world: int) -> list:
     """Starts one all-gather of every rank's tensors ts (an FP8 operand's data and scales) over the
     sequence-parallel group, each to be concatenated along dim (0 or 1) in rank order by
     _sp_gather_wait; work issued between the two may overlap it. One coalesced collective, not one
-    per tensor: each costs the host ~90 us (under the profiler), and a 7B FP8 step at TP=2 issued
+    per tensor: each costs the host ~125 us (under the profiler), and a 7B FP8 step at TP=2 issued
     ~1500 of them and waited on the slower rank's host (bench/step.py --profile, rank1.log).
 
     Everything moves as bytes (collectives have no FP8 type). A transposed view (the outer-dim-major token
