@@ -31,9 +31,9 @@ def _on_gpu(choice, device: torch.device) -> bool:
     return device.type == "cuda" if choice == "auto" else bool(choice)
 
 
-def compile_mode(choice: str, precision: str, recompute: str) -> str:
+def compile_mode(choice: str, precision: str, recompute: str, device: torch.device) -> str:
     """torch.compile's mode for each layer; auto: CUDA graphs (reduce-overhead) for the blockwise FP8
-    recipes, the default mode otherwise. Their layers issue about twice the kernels of a BF16 one
+    recipes on a GPU, the default mode otherwise. Their layers issue about twice the kernels of a BF16 one
     (quantizers, and under sequence parallelism the FP8 gathers) around shorter GEMMs, so the step
     waits on the host: with graphs, 7B at TP=2 + SP went from 950 to 671 ms a step, and 0.5B from
     0.66x of BF16 (both without graphs) to 0.94x (both with), while BF16 gains nothing (7B TP=2:
@@ -41,7 +41,8 @@ def compile_mode(choice: str, precision: str, recompute: str) -> str:
     been run under graphs."""
     if choice != "auto":
         return choice
-    return "reduce-overhead" if precision.startswith("fp8_blockwise") and recompute == "none" else "default"
+    graphs = device.type == "cuda" and precision.startswith("fp8_blockwise") and recompute == "none"
+    return "reduce-overhead" if graphs else "default"
 
 
 class NonFiniteError(RuntimeError):
@@ -96,7 +97,8 @@ class Trainer:
             # Module.compile() works in place, so parameter names and checkpoints are unchanged.
             # reduce-overhead adds CUDA graphs: for steps where issuing a layer's kernels from
             # Python takes longer than running them (compile_mode above)
-            mode = compile_mode(cfg.model.get("compile_mode", "auto"), cfg.precision.recipe, cfg.model.recompute)
+            mode = compile_mode(cfg.model.get("compile_mode", "auto"), cfg.precision.recipe, cfg.model.recompute,
+                                self.device)
             for layer in model.decoder.layers:
                 layer.compile(mode=None if mode == "default" else mode)
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig

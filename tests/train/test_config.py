@@ -64,7 +64,11 @@ def test_missing_data_source_is_named_before_training(tmp_path):
 def test_compile_mode_auto_takes_cuda_graphs_for_blockwise_fp8_only(precision, recompute, mode):
     from infir.train.loop import compile_mode
 
+    import torch
+
     cfg = compose([f"precision={precision}", f"model.recompute={recompute}"])
     assert cfg.model.compile_mode == "auto"
-    assert compile_mode(cfg.model.compile_mode, cfg.precision.recipe, cfg.model.recompute) == mode
-    assert compile_mode("default", cfg.precision.recipe, recompute) == "default"  # an explicit mode wins
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert compile_mode(cfg.model.compile_mode, cfg.precision.recipe, cfg.model.recompute, gpu) == mode
+    assert compile_mode(cfg.model.compile_mode, cfg.precision.recipe, cfg.model.recompute, cpu) == "default"  # no graphs on CPU
+    assert compile_mode("default", cfg.precision.recipe, recompute, gpu) == "default"  # an explicit mode wins
