@@ -76,7 +76,7 @@ def lm_head_ms(size, tokens: int, tp: int = 1) -> float:
 
 def classify(name: str) -> str:
     n = name.lower()
-    if n.startswith("nccl"):  # TP/SP collectives; they run on their own stream, beside compute
+    if n.startswith("nccl"):  # TP/SP collectives, kept apart from compute (exposed_communication)
         return "communication"
     if any(k in n for k in ("adam", "multi_tensor", "foreach")):  # before "flash": _flash_adamw_kernel
         return "optimizer"
@@ -109,8 +109,7 @@ def profile_step(trainer) -> dict[str, float]:
     kernels = []
     for evt in prof.key_averages():
         t = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
-        # "nccl:<op>" rows are the profiler's annotations spanning the collective's kernel: counted once, as kernels
-        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA and not evt.key.startswith("nccl:"):
+        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA and not _annotation(evt.key):
             share[classify(evt.key)] = share.get(classify(evt.key), 0.0) + t
             kernels.append((t, evt.count, evt.key))
     total = sum(share.values())
@@ -120,6 +119,12 @@ def profile_step(trainer) -> dict[str, float]:
     print(f"kernel time in the profiled step: {total / 1e3:.1f} ms", flush=True)
     exposed_communication(prof)
     return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
+
+
+def _annotation(name: str) -> bool:
+    """The profiler's "nccl:<op>" rows: GPU annotations spanning a collective's kernel, which is
+    counted already."""
+    return name.startswith("nccl:")
 
 
 def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -139,9 +144,9 @@ def exposed_communication(prof) -> None:
     comm, compute = [], []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start \
-                or e.name.startswith("nccl:"):
+                or _annotation(e.name):
             continue
-        (comm if e.name.lower().startswith("nccl") else compute).append((e.time_range.start, e.time_range.end))
+        (comm if classify(e.name) == "communication" else compute).append((e.time_range.start, e.time_range.end))
     if not comm:
         return
     busy, comm = _union(compute), _union(comm)
@@ -341,7 +346,10 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))
     reporting = rank == 0  # every rank runs every case; rank 0 reports
     if not reporting:  # the other ranks' own timings and profiles: a slow rank shows up in its log
-        sys.stdout = open(Path(args.out).with_suffix(f".rank{rank}.log") if args.out else os.devnull, "w", buffering=1)
+        log = Path(args.out).with_suffix(f".rank{rank}.log") if args.out else Path(os.devnull)
+        if args.out:
+            log.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout = open(log, "w", buffering=1)
     torch._logging.set_logs(recompiles=True)  # a recompile inside the timed steps shows up in the log
     rows, profiles = [], []
     if args.cases:

@@ -16,8 +16,9 @@ tried and was slower end to end on an H100: inductor's code for the transposed 1
 
 Sequence parallelism: given the TP group's name, the linear quantizes the local sequence shard and
 all-gathers the FP8 bytes + scales (X^T's for wgrad only in backward; dgrad reduce-scatters dX) as
-functional collectives, which dynamo keeps inside the layer's graph; the eager path (infir.model.fp8_linears.Fp8GatheredColumn)
-moves the same bytes from Python, where each projection became a graph break.
+functional collectives, which dynamo keeps inside the layer's graph; the eager path
+(infir.model.fp8_linears.Fp8GatheredColumn) moves the same bytes from Python, where each projection
+became a graph break.
 
 The weight operand (W, quantized once per optimizer step by a WeightCache) comes in as tensors,
 because a compiled graph cannot hold the cache's bookkeeping; whoever calls this keeps it fresh
@@ -132,8 +133,8 @@ def _sp_gather_start(ts, dim: int, group: str, world: int) -> list:
     per tensor: each costs the host ~125 us (under the profiler), and a 7B FP8 step at TP=2 issued
     ~1500 of them and waited on the slower rank's host (bench/step.py --profile, rank1.log).
 
-    Everything moves as bytes (collectives have no FP8 type). A transposed view (the outer-dim-major token
-    scales) is gathered through its storage, so the result keeps the layout the GEMM op expects.
+    Everything moves as bytes (collectives have no FP8 type). A transposed view (the outer-dim-major
+    token scales) is gathered through its storage, so the result keeps the layout the GEMM op expects.
     """
     raws, meta = [], []
     for t in ts:

@@ -33,12 +33,12 @@ def _on_gpu(choice, device: torch.device) -> bool:
 
 def compile_mode(choice: str, precision: str, recompute: str, device: torch.device) -> str:
     """torch.compile's mode for each layer; auto: CUDA graphs (reduce-overhead) for the blockwise FP8
-    recipes on a GPU, the default mode otherwise. Their layers issue about twice the kernels of a BF16 one
-    (quantizers, and under sequence parallelism the FP8 gathers) around shorter GEMMs, so the step
-    waits on the host: with graphs, 7B at TP=2 + SP went from 950 to 671 ms a step, and 0.5B from
-    0.66x of BF16 (both without graphs) to 0.94x (both with), while BF16 gains nothing (7B TP=2:
-    668 vs 659 ms); BENCHMARKS.md, 2026-11-24. Not for the per-tensor and MOSS recipes, nor with recomputation: none of these has
-    been run under graphs."""
+    recipes on a GPU, the default mode otherwise. Their layers issue more kernels than BF16's around
+    shorter GEMMs (7B at TP=2 + SP: 8721 launches and 1456 collectives a step, against 7041 and 672),
+    so the step waits on the host: with graphs, that step went from 950 to 671 ms, and 0.5B from 0.66x
+    of BF16 (both without graphs) to 0.94x (both with), while BF16 gains nothing (7B TP=2: 668 vs
+    659 ms); BENCHMARKS.md, 2026-11-24. Not for the per-tensor and MOSS recipes, nor with
+    recomputation: none of these has been run under graphs."""
     if choice != "auto":
         return choice
     graphs = device.type == "cuda" and precision.startswith("fp8_blockwise") and recompute == "none"

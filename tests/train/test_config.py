@@ -62,9 +62,9 @@ def test_missing_data_source_is_named_before_training(tmp_path):
     ("bf16", "none", "default"),
 ])
 def test_compile_mode_auto_takes_cuda_graphs_for_blockwise_fp8_only(precision, recompute, mode):
-    from infir.train.loop import compile_mode
-
     import torch
+
+    from infir.train.loop import compile_mode
 
     cfg = compose([f"precision={precision}", f"model.recompute={recompute}"])
     assert cfg.model.compile_mode == "auto"

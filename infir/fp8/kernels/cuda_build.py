@@ -1,9 +1,8 @@
 """Builds infir's CUDA C++ kernels with nvcc on first use and loads them through ctypes.
 
 Why nvcc + ctypes and not torch.utils.cpp_extension: the kernels take raw pointers and sizes, so
-they need none of torch's C++ headers (which make every build far slower) nor a pybind module; a
-bare nvcc build of one .cu takes seconds, and the wrapper around the ctypes call costs the host no
-more than the Triton kernels' direct launch does (bench/quant.py --host).
+they need neither torch's C++ headers nor a pybind module, and the wrapper around the ctypes call
+costs the host no more than the Triton kernels' direct launch does (bench/quant.py --host).
 
 The shared library is cached per (source and the headers beside it, GPU architecture, nvcc version) under
 $INFIR_KERNEL_CACHE (default ~/.cache/infir/kernels), written to a temporary name and renamed,

@@ -593,7 +593,7 @@ def _pick(name: str, config):
 AUTOTUNE = os.environ.get("INFIR_FP8_AUTOTUNE", "1") != "0"
 # A GPU busy-wait (torch's own test helper) that lets the host queue the timed runs ahead of the GPU.
 _spin = getattr(torch.cuda, "_sleep", None)
-_SPIN_CYCLES = 2_000_000  # ~1 ms at H100 clocks; ten runs take the host ~0.4 ms to queue
+_SPIN_CYCLES = 2_000_000  # ~1 ms at H100 clocks; ten runs take the host 0.2-0.3 ms to queue (bench/quant.py --host)
 
 
 def _best(build, candidates, x):
