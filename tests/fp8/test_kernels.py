@@ -3,6 +3,8 @@
 On CPU the kernels run in Triton's interpreter (tests/fp8/conftest.py) with the software FP8
 rounding; the `gpu` tests run the compiled kernels with the hardware cast on full sizes.
 """
+import itertools
+
 import pytest
 import torch
 
@@ -269,11 +271,13 @@ def test_gpu_cuda_both_layouts_kernel_equals_the_cpu_reference(shape):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(4096, 8192), (37, 18944), (300, 96)])
+@pytest.mark.parametrize("shape", [(4096, 8192), (64, 3584), (37, 18944), (300, 96)])
 def test_gpu_cuda_two_level_kernel_equals_the_cpu_reference(shape):
     """quant_two_level.cu gives the reference's bytes, scales and E8M0 codes (and its fold), in
     every scale and FP8 format, on special values and from a row-strided view, after the
-    allocator was filled with 0x7F."""
+    allocator was filled with 0x7F. The shapes take each of its kernels (rows in registers, 1, 2
+    or 4 vectors a thread, and in shared memory); the tiny rows and groups take its division's
+    slow path (a scale below 2^-90), the -0s its sign rule."""
     from infir.fp8.kernels.quant import cuda_two_level_ok
 
     garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
@@ -289,10 +293,20 @@ def test_gpu_cuda_two_level_kernel_equals_the_cpu_reference(shape):
     special = x.clone()
     special[0, :64] = 0
     special[1, 3], special[2, 5], special[3, 7], special[4, 9] = 1e-40, float("nan"), float("inf"), -float("inf")
-    got, ref = kn.quantize_two_level_triton(special, impl="cuda"), quantize_reference(special.cpu(), "two_level", "fp32")
-    assert torch.equal(got.local_exp.cpu(), ref.local_exp) and torch.equal(torch.isnan(got.global_scale.cpu()), torch.isnan(ref.global_scale))
-    dg, dr = dequantize(got).cpu(), dequantize(ref)
-    assert torch.equal(torch.isnan(dg), torch.isnan(dr)) and torch.equal(dg[~torch.isnan(dr)], dr[~torch.isnan(dr)])
+    special[5, 32:64] *= 1e-32  # one group far below its row's amax
+    special[6] *= 1e-30  # a whole row near the bottom of bf16's range
+    special[7, ::3] = -0.0
+    for sf, fmt, fold in itertools.product(("ue8m0", "fp32"), ("e4m3", "e5m2"), (False, True)):
+        got = kn.quantize_two_level_triton(special, sf, fmt, fold=fold, impl="cuda")
+        ref = quantize_reference(special.cpu(), "two_level", sf, fmt)
+        finite = ~torch.isnan(ref.global_scale).reshape(-1)  # rows with no inf/NaN: every byte, -0s too
+        if fold:
+            ref = fold_two_level(ref)
+        else:
+            assert torch.equal(got.local_exp.cpu(), ref.local_exp)
+        assert torch.equal(got.data.view(torch.uint8).cpu()[finite], ref.data.view(torch.uint8)[finite]), (sf, fmt, fold)
+        dg, dr = dequantize(got).cpu(), dequantize(ref)
+        assert torch.equal(torch.isnan(dg), torch.isnan(dr)) and torch.equal(dg[~torch.isnan(dr)], dr[~torch.isnan(dr)])
     wide = rand((shape[0], shape[1] + 64), device="cuda")[:, 64:]
     assert cuda_two_level_ok(wide)
     assert_same_q(kn.quantize_two_level_triton(wide, impl="cuda"), quantize_reference(wide.cpu(), "two_level", "fp32"))
