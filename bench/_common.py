@@ -51,11 +51,21 @@ def emit(title: str, sections: list[str], out: str | None) -> str:
     return text
 
 
-def bench_ms(fn, warmup: int = 10, rep: int = 50) -> float:
-    """Median time of fn in milliseconds (CUDA events through triton.testing.do_bench)."""
+def bench_ms(fn, warmup: int = 10, rep: int = 50, min_reps: int = 10) -> float:
+    """Median time of fn in milliseconds (CUDA events through triton.testing.do_bench), over at
+    least min_reps runs. do_bench sizes its runs by time alone (rep ms, warmup ms): a 20 ms call
+    got 2-3 timed runs, and the fwd+bwd of one shape swung by 10-15% from one bench run to the next."""
     import triton.testing
 
-    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    est = start.elapsed_time(end)
+    return float(triton.testing.do_bench(fn, warmup=max(warmup, 2 * est), rep=max(rep, min_reps * est),
+                                         return_mode="median"))
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:

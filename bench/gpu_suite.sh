@@ -51,6 +51,7 @@ for stage in "$@"; do
       run quant python3 bench/quant.py --out "$OUT/quant.md"
       run linear python3 bench/linear.py --out "$OUT/linear.md"
       run linear_compiled python3 bench/linear.py --compiled --cached-weight --torchao "" --out "$OUT/linear_compiled.md"
+      run linear_graph python3 bench/linear.py --cuda-graph --cached-weight --torchao "" --out "$OUT/linear_graph.md"
       run optim python3 bench/optim.py --out "$OUT/optim.md" ;;
     step-1.5b)
       run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \

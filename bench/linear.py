@@ -3,7 +3,10 @@
 Each FP8 step re-quantizes the weight (one micro-batch per optimizer step, the worst case for
 FP8); --cached-weight keeps it, as gradient accumulation over micro-batches does. --compiled runs
 both sides through torch.compile, the FP8 one as compiled training layers do (infir.fp8.traced: the
-weight quantized outside the graph, the linear one graph of custom ops). Also reports
+weight quantized outside the graph, the linear one graph of custom ops); --cuda-graph captures
+each side's whole fwd+bwd in one CUDA graph and times its replay, so that neither side pays its
+host's launch cost (the training step runs blockwise FP8 layers under CUDA graphs by default,
+model.compile_mode=auto): the GPU time of the kernels alone. Also reports
 the share of the FP8 step spent in quantization kernels, and GEMM-only rates of the blockwise
 scaled_mm path vs the MOSS two-level Triton GEMM.
 """
@@ -32,14 +35,32 @@ def projections(models):
         yield from [(m, "qkv", h, qkv), (m, "o", h, h), (m, "gate_up", h, 2 * inter), (m, "down", inter, h)]
 
 
-def fwd_bwd(layer, x, dy, before=None):
+def fwd_bwd_ms(layer, x, dy, before=None, graph=False) -> float:
+    """Median ms of one forward + backward of layer on x with output gradient dy; graph: of the
+    replay of one CUDA graph holding it (captured after three warm-up runs on a side stream, where
+    the quantizers pick their kernels and cuBLAS its workspaces)."""
     def step():
         if before is not None:
             before()
         x.grad = None
         layer.weight.grad = None
         layer(x).backward(dy)
-    return step
+    if not graph:
+        ms = bench_ms(step)
+    else:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            step()
+        ms = bench_ms(g.replay)
+        del g
+    x.grad = layer.weight.grad = None  # graph memory: freed with the graph
+    return ms
 
 
 def compile_static(fn, **kw):
@@ -72,13 +93,14 @@ def torchao_layer(K, N):
     return Float8BlockwiseLinear.from_float(ref), None
 
 
-def quant_ms(M, K, N):
-    """The quantize work of one fp8_blockwise fwd+bwd: X (dual), W and its transpose for dgrad, dY (dual)."""
+def quant_ms(M, K, N, weight=True):
+    """The quantize work of one fp8_blockwise fwd+bwd: X (dual), dY (dual), and W with its transpose
+    for dgrad where the weight is quantized in the step (weight=False: cached, as accumulation does)."""
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     return (bench_ms(lambda: kn.quantize_token_triton(x, rows=True, cols=True))
-            + bench_ms(lambda: kn.quantize_block_triton(w).t())
+            + (bench_ms(lambda: kn.quantize_block_triton(w).t()) if weight else 0.0)
             + bench_ms(lambda: kn.quantize_token_triton(dy, rows=True, cols=True)))
 
 
@@ -90,12 +112,17 @@ def gemm_rates(M, K, N):
     qx2 = kn.quantize_two_level_triton(x)
     qxf = kn.quantize_two_level_triton(x, fold=True)
     qwt, _ = kn.quantize_tensor_triton(w, "fp32")
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    _, qdyt = kn.quantize_token_triton(dy, rows=False, cols=True)
+    _, qxt = kn.quantize_token_triton(x, rows=False, cols=True)
     flop = 2 * M * N * K
     t_bf16 = bench_ms(lambda: x @ w.t())
     t_blk = bench_ms(lambda: fp8_gemm(qx, qw, backend="scaled_mm"))
+    t_wgrad = bench_ms(lambda: fp8_gemm(qdyt, qxt, backend="scaled_mm"))  # dW = dY^T X, 1x128 x 1x128 along M
     t_fold = bench_ms(lambda: fp8_gemm(qxf, qwt, backend="scaled_mm"))
     t_moss = bench_ms(lambda: fp8_gemm(qx2, qwt, backend="triton"))
     return {"bf16 TFLOP/s": flop / t_bf16 / 1e9, "blockwise scaled_mm TFLOP/s": flop / t_blk / 1e9,
+            "blockwise wgrad (1x128 x 1x128) TFLOP/s": flop / t_wgrad / 1e9,
             "MOSS folded scaled_mm TFLOP/s": flop / t_fold / 1e9, "MOSS exact triton TFLOP/s": flop / t_moss / 1e9,
             "MOSS folded / blockwise speed": t_blk / t_fold}
 
@@ -124,11 +151,15 @@ def main(argv=None):
     p.add_argument("--recipes", default=",".join(RECIPES))
     p.add_argument("--cached-weight", action="store_true")
     p.add_argument("--compiled", action="store_true", help="torch.compile both sides (the training path)")
+    p.add_argument("--cuda-graph", action="store_true", help="time each side's fwd+bwd as one replayed CUDA graph")
     p.add_argument("--torchao", default="1.5B:8192",
                    help="model:tokens pairs that get the torchao peer row ('' for none); its quantize kernels "
                         "autotune ~45 configs per new shape, so every pair costs about half a minute")
     p.add_argument("--tune-moss", action="store_true", help="only sweep MOSS GEMM tile configs")
     args = p.parse_args(argv)
+    if args.cuda_graph and not args.cached_weight:
+        p.error("--cuda-graph needs --cached-weight: a captured graph would replay the weight's quantization with "
+                "MOSS's automatic scale, a host-side prediction, frozen at its capture-time value")
     models, recipes = args.models.split(","), args.recipes.split(",")
     tokens = [int(t) for t in args.tokens.split(",")]
     if args.tune_moss:
@@ -143,18 +174,18 @@ def main(argv=None):
             dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
             row = {"model": model, "proj": proj, "M,K,N": f"{M},{K},{N}"}
             base = torch.nn.Linear(K, N, bias=False, device="cuda", dtype=torch.bfloat16)
-            row["bf16 ms"] = bench_ms(fwd_bwd(compile_static(base) if args.compiled else base, x, dy))
+            row["bf16 ms"] = fwd_bwd_ms(compile_static(base) if args.compiled else base, x, dy, graph=args.cuda_graph)
             for r in recipes:
                 layer = Fp8Linear(K, N, bias=False, recipe=r, device="cuda", dtype=torch.bfloat16)
                 layer.weight.data.copy_(base.weight.data)
                 before = None if args.cached_weight else layer.weight_cache.invalidate
                 run = CompiledFp8(layer) if args.compiled else layer
-                row[f"{r} x"] = row["bf16 ms"] / bench_ms(fwd_bwd(run, x, dy, before))
+                row[f"{r} x"] = row["bf16 ms"] / fwd_bwd_ms(run, x, dy, before, graph=args.cuda_graph)
             if f"{model}:{M}" in args.torchao.split(","):
                 ao, ao_note = torchao_layer(K, N)
                 if ao is not None:
-                    row["torchao blockwise x"] = row["bf16 ms"] / bench_ms(fwd_bwd(ao, x, dy))
-            q = quant_ms(M, K, N)
+                    row["torchao blockwise x"] = row["bf16 ms"] / fwd_bwd_ms(ao, x, dy)
+            q = quant_ms(M, K, N, weight=not args.cached_weight)
             blk_ms = row["bf16 ms"] / row["fp8_blockwise_ue8m0 x"] if "fp8_blockwise_ue8m0 x" in row else float("nan")
             row["quant % of blockwise step"] = 100 * q / blk_ms
             for key in [k for k in row if k.endswith(" x") and "torchao" not in k] + ["bf16 ms"]:
@@ -178,10 +209,12 @@ def main(argv=None):
     summary.append({"recipe": "bf16 nn.Linear", "summed ms": totals["bf16 ms"], "speedup vs bf16 (summed)": 1.0})
     q_share = 100 * totals["quant ms"] / totals.get("fp8_blockwise_ue8m0 x", float("nan"))
     sections = [
-        f"weight re-quantized every step: {not args.cached_weight}; torch.compile: {args.compiled}",
+        f"weight re-quantized every step: {not args.cached_weight}; torch.compile: {args.compiled}; "
+        f"one CUDA graph per fwd+bwd: {args.cuda_graph}",
         "### fwd+bwd speedup over bf16 nn.Linear (x = bf16 ms / recipe ms)", markdown_table(rows),
         "### summed over the shapes", markdown_table(summary),
-        f"quantization kernels: {q_share:.1f}% of the fp8_blockwise_ue8m0 step (summed)",
+        f"quantization kernels: {q_share:.1f}% of the fp8_blockwise_ue8m0 step (summed; X and dY in both layouts"
+        f"{'' if args.cached_weight else ', W and W^T'}, each timed alone)",
         "### GEMM only (fprop shape)", markdown_table(gemm_rows),
     ]
     if ao_note:
