@@ -7,6 +7,7 @@ are FP32; the forward/backward compute dtype is the recipe's (BF16 autocast, or 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
@@ -92,6 +93,7 @@ class Trainer:
             chunked_loss=_on_gpu(cfg.model.chunked_loss, self.device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
             swiglu=self.recipe.swiglu,
         ).to(self.device)
+        self.graphed = False
         if _on_gpu(cfg.model.compile, self.device):
             # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
             # Module.compile() works in place, so parameter names and checkpoints are unchanged.
@@ -101,6 +103,7 @@ class Trainer:
                                 self.device)
             for layer in model.decoder.layers:
                 layer.compile(mode=None if mode == "default" else mode)
+            self.graphed = mode in ("reduce-overhead", "max-autotune")
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.model = DistributedDataParallel(
@@ -252,10 +255,16 @@ class Trainer:
         st, info = self.cfg.stage, self.info
         total = torch.zeros(2, device=self.device)
         n = min(self.cfg.train.eval_iters * st.micro_batch * info.dp, len(self.valid_ds))
-        for start in range(info.dp_rank * st.micro_batch, n, st.micro_batch * info.dp):
-            idx = list(range(start, min(start + st.micro_batch, n)))
-            mb = batching.to_model_inputs(batching.collate([self.valid_ds[i] for i in idx]), self.device)
-            total += torch.stack([self._forward(mb), mb["loss_mask"].sum()])
+        # CUDA-graphed layers cannot run a forward without a backward to follow: torch's cudagraph
+        # trees then start a new generation at each layer's call, which frees the output of the layer
+        # before it while the next one still reads it (the first parity runs under graphs stopped at
+        # their validation). Validation is a few micro-batches: it runs the layers eagerly instead.
+        stance = torch.compiler.set_stance("force_eager") if self.graphed else contextlib.nullcontext()
+        with stance:
+            for start in range(info.dp_rank * st.micro_batch, n, st.micro_batch * info.dp):
+                idx = list(range(start, min(start + st.micro_batch, n)))
+                mb = batching.to_model_inputs(batching.collate([self.valid_ds[i] for i in idx]), self.device)
+                total += torch.stack([self._forward(mb), mb["loss_mask"].sum()])
         dist.all_reduce(total, group=self._dp_group())
         return (total[0] / total[1].clamp(min=1)).item()
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from infir.train.metrics import read_metrics
 from trainrun import REPO, free_port, losses, run_train
 
 FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0"]
@@ -50,10 +51,14 @@ def test_gpu_cuda_graphs_train_on_the_same_losses(demo_root, tmp_path):
     """compile_mode=reduce-overhead replays each compiled layer as a CUDA graph; the FP8 weights are
     refreshed in place between steps, so the replays read each step's weights: same losses. Steps
     2+ (after the first update) are where a graph reading stale weights would drift. Every third
-    step is an FP8 health step, whose layers leave the graph for the eager path and come back."""
-    common = [*FAST, f"data.root={demo_root}", "model=small-180m", "precision=fp8_blockwise_ue8m0",
-              "stage.iters=6", "stage.seq_length=512", "stage.micro_batch=2", "stage.global_batch=4",
-              "train.fp8_health_interval=3"]
+    step is an FP8 health step, whose layers leave the graph for the eager path and come back.
+    Validation after steps 3 and 6 runs the graphed layers without a backward (eagerly, see
+    Trainer.validate): validation losses within bf16 rounding of the compiled run's (2e-4 apart on
+    an H100), and training goes on after the first."""
+    common = [*(o for o in FAST if not o.startswith("train.eval_interval")), f"data.root={demo_root}",
+              "model=small-180m", "precision=fp8_blockwise_ue8m0", "stage.iters=6", "stage.seq_length=512",
+              "stage.micro_batch=2", "stage.global_batch=4", "train.fp8_health_interval=3", "train.eval_interval=3",
+              "train.eval_iters=2"]
     run_train([*common, f"run_dir={tmp_path / 'eager'}", "model.compile_mode=default"])  # auto would take graphs too
     run_train([*common, f"run_dir={tmp_path / 'graphs'}", "model.compile_mode=reduce-overhead"])
     a, b = losses(tmp_path / "eager"), losses(tmp_path / "graphs")
@@ -63,6 +68,11 @@ def test_gpu_cuda_graphs_train_on_the_same_losses(demo_root, tmp_path):
         assert abs(a[step] - b[step]) <= 1e-4 * abs(a[step]), (step, a[step], b[step])
     rows = [json.loads(line) for line in (tmp_path / "graphs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "fp8/swiglu_amax_max" in r] == [3, 6]
+    val = {d: {r["step"]: r["val_loss"] for r in read_metrics(tmp_path / d / "metrics.jsonl") if "val_loss" in r}
+           for d in ("eager", "graphs")}
+    assert sorted(val["graphs"]) == sorted(val["eager"]) == [3, 6]
+    for step in (3, 6):  # eager kernels against the reference run's compiled (fused) ones: bf16 rounding apart
+        assert abs(val["eager"][step] - val["graphs"][step]) <= 1e-3 * val["eager"][step], (step, val)
 
 
 def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
