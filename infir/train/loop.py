@@ -103,7 +103,8 @@ class Trainer:
                                 self.device)
             for layer in model.decoder.layers:
                 layer.compile(mode=None if mode == "default" else mode)
-            self.graphed = mode in ("reduce-overhead", "max-autotune")
+            # whether torch.compile's mode replays CUDA graphs, as torch itself lists it (validate needs it)
+            self.graphed = bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         self.model = DistributedDataParallel(
