@@ -4,6 +4,9 @@ Every FP8 product of the linear layer has this "NT" form (fprop X W^T, dgrad dY 
 dY^T (X^T)^T), which is the only layout Hopper's FP8 tensor cores take. Backends:
 - "scaled_mm": torch.nn.functional.scaled_mm (cuBLAS/CUTLASS), sm90. Pairs: (token, block) and
   (token, token) as BlockWise1x128 x BlockWise128x128 / BlockWise1x128, and (tensor, tensor).
+  (token, token) is the wgrad product; where kernels/lt_wgrad.cu builds, it goes to cuBLASLt
+  directly instead: the same bits, the fastest of cuBLASLt's algorithms for the shape rather than
+  the heuristic's first, and accumulation into an FP32 buffer in place (fp8_gemm_accumulate).
   Layout rules (checked on an H100 with torch 2.11): 1x128 scales outer-dim-major (M, K/128)
   with stride (1, M); 128x128 scales passed as the transpose of (N/128, K/128) with the K-block
   count padded to a multiple of 4.
@@ -93,11 +96,27 @@ else:
     _MM_V2 = None
 
 
+_LT_WGRAD = None  # kernels.lt_wgrad.lt_wgrad, imported on first use (it builds CUDA code)
+
+
+def _lt_wgrad():
+    global _LT_WGRAD
+    if _LT_WGRAD is None:
+        from .kernels.lt_wgrad import lt_wgrad
+
+        _LT_WGRAD = lt_wgrad
+    return _LT_WGRAD
+
+
 def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
                         out_dtype: torch.dtype) -> torch.Tensor:
     """C = A @ B^T for 1x128-scaled A [M, K] (scales outer-dim-major) and B [N, K] with 'token' or
     'block' scales already in scaled_mm's layout (scaled_mm_scale): the per-call fast path of the
-    compiled FP8 linear, with no checks or layout work left to do."""
+    compiled FP8 linear, with no checks or layout work left to do. (token, token) tries cuBLASLt first."""
+    if b_gran == "token":
+        out = _lt_wgrad()(a, a_scale, b, b_scale, out_dtype)
+        if out is not None:
+            return out
     if _MM_V2 is not None:  # F.scaled_mm's own call, without its per-call argument building
         return _MM_V2(a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
                       _SWIZZLE_INTS, None, out_dtype, (), False)
@@ -105,6 +124,14 @@ def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
         return F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
                            swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
     return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
+
+
+def scaled_mm_blockwise_accumulate(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
+                                   out: torch.Tensor) -> None:
+    """out (FP32) += A @ B^T for 1x128-scaled A and B (the wgrad product), in place through cuBLASLt
+    where it applies, else as scaled_mm's FP32 product added to out (the same bits)."""
+    if _lt_wgrad()(a, a_scale, b, b_scale, accumulate=out) is None:
+        out.add_(scaled_mm_blockwise(a, a_scale, b, b_scale, "token", torch.float32))
 
 
 def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -176,6 +203,15 @@ def _warn_slow_fallback_once(pair: tuple, shapes: tuple) -> None:
 
 def _warn_slow_fallback(a: QTensor, b: QTensor) -> None:
     _warn_slow_fallback_once((a.granularity, b.granularity), (tuple(a.data.shape), tuple(b.data.shape)))
+
+
+def fp8_gemm_accumulate(a: QTensor, b: QTensor, out: torch.Tensor, backend: str = "auto") -> None:
+    """out [M, N] (FP32) += A [M, K] @ B [N, K]^T: the wgrad GEMM added into megatron's main_grad,
+    in place where the backend can (token x token on scaled_mm), else through a temporary."""
+    if a.granularity == b.granularity == "token" and resolve_backend(a, b, backend) == "scaled_mm":
+        scaled_mm_blockwise_accumulate(a.data, outer_dim_major(a.scale), b.data, outer_dim_major(b.scale), out)
+    else:
+        out.add_(fp8_gemm(a, b, torch.float32, backend))
 
 
 def fp8_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto") -> torch.Tensor:

@@ -7,8 +7,8 @@ Each operand is quantized along the dimension its GEMM contracts (recipe.py says
 X is quantized in fprop into both layouts by one launch and only X^T is kept for backward, in
 FP8 (half the bytes of saving X in bf16); dY likewise in backward. The weight is quantized once per optimizer step by a WeightCache and reused
 by every micro-batch and by dgrad. Where the weight has a float32 `main_grad` (megatron's
-gradient-accumulation buffer) the wgrad GEMM writes float32 and is added to it (FP32 accumulation);
-otherwise dW comes back in the weight's dtype.
+gradient-accumulation buffer) the wgrad GEMM adds into it (FP32 accumulation; in place, through
+cuBLASLt, on Hopper) and autograd gets no dW; otherwise dW comes back in the weight's dtype.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from .autoscale import AutoScaler
 from .formats import amax_with_nan_as_inf, get_format
-from .gemm import fp8_gemm, scaled_mm_scale
+from .gemm import fp8_gemm, fp8_gemm_accumulate, scaled_mm_scale
 from .quantize import QTensor, fold_two_level, quantize_reference, quantize_tensor_ref, transposed
 from .recipe import Recipe, get_recipe
 
@@ -184,11 +184,10 @@ def fp8_backward(ctx, dy: torch.Tensor):
         # weight without main_grad is accumulated in bf16 by autograd anyway, so the GEMM writes
         # bf16 directly (it accumulates in FP32 inside either way)
         main_grad = getattr(weight, "main_grad", None)
-        out_dtype = torch.float32 if main_grad is not None else weight.dtype
-        dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=out_dtype, backend=ctx.backend)
-        if main_grad is not None:
-            main_grad.add_(dw)
-            dw = None
+        if main_grad is not None:  # added in place where the GEMM can (gemm.fp8_gemm_accumulate)
+            fp8_gemm_accumulate(qdyt, ctx.qxt, main_grad, backend=ctx.backend)
+        else:
+            dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=weight.dtype, backend=ctx.backend)
     if ctx.has_bias and ctx.needs_input_grad[2]:
         db = dy2.float().sum(0).to(ctx.bias_dtype)
     ctx.qxt = ctx.qw = None

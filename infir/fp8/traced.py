@@ -32,7 +32,7 @@ import functools
 import torch
 
 from .formats import get_format
-from .gemm import is_sm90, fp8_gemm, outer_dim_major, scaled_mm_blockwise
+from .gemm import is_sm90, fp8_gemm, fp8_gemm_accumulate, outer_dim_major, scaled_mm_blockwise
 from .linear import quantize_operand
 from .oplib import define_op
 from .quantize import TOKEN_BLOCK, QTensor, transposed
@@ -72,6 +72,29 @@ def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed
 fp8_mm = define_op(
     "fp8_mm", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
     "bool b_transposed=False, Tensor? b_mm_scale=None) -> Tensor", _fp8_mm, _fp8_mm_fake)
+
+
+def _fp8_wgrad_main_grad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
+                         b_gran: str, weight: torch.Tensor) -> torch.Tensor:
+    """weight.main_grad += A [N, M] @ B [K, M]^T (the wgrad product, gemm.fp8_gemm_accumulate), and an
+    unwritten placeholder of the weight's shape for autograd, which megatron's grad hook skips
+    (grad_added_to_main_grad, set by fp8_linears.attach_weight_refresh).
+
+    main_grad is reached through the weight, not passed in: as a graph input cudagraph trees would
+    copy it into a static buffer of their own, and the sum would land in the copy. The weight is a
+    parameter (a static input), so the captured kernel writes the real buffer, whose address
+    megatron never changes. The write is invisible to the compiler, which is safe because nothing in
+    the graph reads main_grad; the placeholder output keeps the op from being pruned.
+    """
+    qa = QTensor(a if a.is_contiguous() else a.contiguous(), a_scale, a_gran)
+    qb = QTensor(b if b.is_contiguous() else b.contiguous(), b_scale, b_gran)
+    fp8_gemm_accumulate(qa, qb, weight.main_grad)
+    return torch.empty_like(weight)
+
+
+fp8_wgrad_main_grad = define_op(
+    "fp8_wgrad_main_grad", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, Tensor weight) "
+    "-> Tensor", _fp8_wgrad_main_grad, lambda a, a_scale, a_gran, b, b_scale, b_gran, weight: torch.empty_like(weight))
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,12 +195,13 @@ class TracedFp8Linear(torch.autograd.Function):
     None), bias or None, then the recipe's fields as plain values (dynamo specialises on them), then
     the sequence-parallel group's name and size, or None and 1: with a group, x is this rank's shard
     of the sequence and Y covers the whole sequence (per-token activations only: their quantization
-    groups never straddle two shards when each holds a multiple of 128 tokens).
+    groups never straddle two shards when each holds a multiple of 128 tokens). Last, to_main_grad
+    (see traced_linear).
     """
 
     @staticmethod
     def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, w_gran: str, act_gran: str, grad_gran: str,
-                scale_format: str, fmt: str, sp_group: str | None, sp_size: int):
+                scale_format: str, fmt: str, sp_group: str | None, sp_size: int, to_main_grad: bool):
         need_wgrad = ctx.needs_input_grad[1]
         (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
         if sp_group is not None:  # X^T's shards stay local until backward
@@ -186,7 +210,8 @@ class TracedFp8Linear(torch.autograd.Function):
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.has_w_mm_t = w_mm_t is not None
-        saved = [w, w_scale] + ([w_mm_t] if ctx.has_w_mm_t else [])
+        ctx.to_main_grad = to_main_grad and need_wgrad
+        saved = [w, w_scale] + ([w_mm_t] if ctx.has_w_mm_t else []) + ([weight] if ctx.to_main_grad else [])
         if xt is not None:
             saved += [xt[0], xt[1]]
             ctx.xt_gran = xt[2]
@@ -201,7 +226,9 @@ class TracedFp8Linear(torch.autograd.Function):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         saved = ctx.saved_tensors  # indexed: on CUDA dynamo broke the graph at a list.pop() here
         w, w_scale, w_mm_t = saved[0], saved[1], (saved[2] if ctx.has_w_mm_t else None)
-        xt = saved[3:] if ctx.has_w_mm_t else saved[2:]
+        rest = 2 + ctx.has_w_mm_t
+        weight = saved[rest] if ctx.to_main_grad else None
+        xt = saved[rest + ctx.to_main_grad:]
         sp = ctx.sp_group is not None
         # Under SP, megatron's order: X^T's shards (saved unreduced: half the memory at TP=2) are gathered
         # around dY's quantization and dgrad, and dX's reduce-scatter around wgrad. On two H200s
@@ -218,21 +245,25 @@ class TracedFp8Linear(torch.autograd.Function):
         if need_wgrad:
             if sp:
                 xt = [_sp_gather_wait(p) for p in pending]
-            # dW in the weight's dtype (FP32 for master weights; megatron's hook adds it to main_grad).
-            dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype)
+            if ctx.to_main_grad:
+                dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, weight)
+            else:  # dW in the weight's dtype, for autograd
+                dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype)
         if dx is not None and sp:
             dx = torch.ops._c10d_functional.wait_tensor(dx)
         db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
-        return dx, dw, None, None, None, None, db, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, db, None, None, None, None, None, None, None, None
 
 
 def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe,
-                  sp_group: str | None = None, sp_size: int = 1) -> torch.Tensor:
+                  sp_group: str | None = None, sp_size: int = 1, to_main_grad: bool = False) -> torch.Tensor:
     """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operand (wq:
     WeightCache.get(weight, recipe), made outside the compiled region).
 
     sp_group / sp_size: the name and size of a sequence-parallel group; x is then this rank's shard
     of the sequence (dim 0) and the result covers every rank's shard, as megatron's all-gather would.
+    to_main_grad: the weight has megatron's FP32 `main_grad` and its grad hook skips what autograd
+    gets (grad_added_to_main_grad): the wgrad GEMM adds into main_grad itself (fp8_wgrad_main_grad).
     """
     if sp_group is not None and recipe.activation != "token":
         raise ValueError(f"the traced sequence-parallel FP8 gather takes per-token activations, not {recipe.activation!r}")
@@ -241,5 +272,5 @@ def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torc
     w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
     y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias,
                               wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt,
-                              sp_group, sp_size)
+                              sp_group, sp_size, to_main_grad)
     return y.reshape(x.shape[0] * sp_size, *x.shape[1:-1], y.shape[-1])

@@ -57,6 +57,8 @@ class _Fp8(object):
     monitor = None  # an infir.train.fp8_health.HealthMonitor, set by the trainer
     # set by attach_weight_refresh: only then may the compiled path read the weight cache unchecked
     weight_refreshed = False
+    # set by attach_weight_refresh where the weight has megatron's main_grad: the traced wgrad adds into it
+    to_main_grad = False
 
     def _init_fp8(self):
         self.fp8_recipe = get_recipe(self.recipe_name)
@@ -70,7 +72,8 @@ class _Fp8(object):
     def traced_matmul(self, x, weight, bias, sp_group: str | None = None, sp_size: int = 1):
         x = _activation_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
-            return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe, sp_group, sp_size)
+            return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe, sp_group, sp_size,
+                                 self.to_main_grad)
 
     def fp8_matmul(self, x, weight, bias):
         if self.traceable():
@@ -130,6 +133,11 @@ def fp8_linears_of(model: torch.nn.Module) -> list:
 def attach_weight_refresh(model: torch.nn.Module, linears: list | None = None):
     """Before every forward of `model`, re-quantize the FP8 copy of each weight that changed
     (WeightCache's storage/version check): compiled layers read the caches without checking them.
+
+    Also, for weights with megatron's FP32 `main_grad`: the compiled wgrad adds into main_grad itself
+    (traced.fp8_wgrad_main_grad; the eager path does too, and gives autograd no dW), so the hook marks
+    each such weight `grad_added_to_main_grad` for DDP's grad hook to skip the placeholder autograd
+    gets. megatron clears that mark at every zero_grad_buffer(), before the step's forwards.
     Returns the hook handle."""
     linears = fp8_linears_of(model) if linears is None else linears
     for m in linears:
@@ -139,6 +147,9 @@ def attach_weight_refresh(model: torch.nn.Module, linears: list | None = None):
     def refresh(_module, _args):
         for m in linears:
             m.weight_cache.get(m.weight, m.fp8_recipe)
+            m.to_main_grad = hasattr(m.weight, "main_grad")
+            if m.to_main_grad:
+                m.weight.grad_added_to_main_grad = True
 
     return model.register_forward_pre_hook(refresh)
 

@@ -170,3 +170,77 @@ def quantize_token(x):
     from infir.fp8 import quantize
 
     return quantize(x, "token", "ue8m0")
+
+
+def _main_grad_runs(device, recipe_name, mode, steps=3):
+    """main_grad after `steps` fwd+bwd of one layer whose weight carries megatron's FP32 main_grad:
+    through the eager Function, and through the compiled traced path with to_main_grad (under
+    `mode`, "reduce-overhead" being CUDA graphs). Also the compiled run's weight.grad and dX."""
+    from infir.model.fp8_linears import _Fp8, attach_weight_refresh
+
+    recipe = get_recipe(recipe_name)
+    x, w, _, dy = _inputs(device)
+    c0 = torch.randn(w.shape, device=device)  # what earlier micro-batches left in main_grad
+
+    class Layer(_Fp8, torch.nn.Module):
+        recipe_name = recipe.name
+
+        def __init__(self):
+            torch.nn.Module.__init__(self)
+            self._init_fp8()
+            self.weight = torch.nn.Parameter(w.clone())
+            self.weight.main_grad = c0.clone()
+
+        def forward(self, x):
+            return self.fp8_matmul(x, self.weight, None)
+
+    class Model(torch.nn.Module):  # the refresh hook sits on the eager model, around compiled layers
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, x):
+            return self.layer(x)
+
+    out = {}
+    for name in ("eager", "compiled"):
+        torch._dynamo.reset()
+        layer = Layer()
+        fn = Model(layer)
+        if name == "compiled":
+            attach_weight_refresh(fn)
+            fn.layer = torch.compile(layer, backend="inductor", mode=mode)
+        for _ in range(steps):
+            torch.compiler.cudagraph_mark_step_begin()
+            xi = x.clone().requires_grad_(True)
+            fn(xi).backward(dy)
+            grad, dx = layer.weight.grad, xi.grad.clone()
+            layer.weight.grad = None  # as megatron's grad hook leaves it
+        out[name] = (layer.weight.main_grad.clone(), grad, dx)
+    return out, steps
+
+
+@pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "moss"])
+def test_traced_wgrad_adds_into_main_grad_cpu(recipe):
+    """Compiled, the wgrad GEMM adds into the weight's main_grad itself (megatron's hook is told to
+    skip the placeholder autograd gets): main_grad equals the eager path's after three micro-batches,
+    and the layer is marked grad_added_to_main_grad."""
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        out, _ = _main_grad_runs("cpu", recipe, None)
+    (ref, ref_grad, ref_dx), (got, got_grad, got_dx) = out["eager"], out["compiled"]
+    assert ref_grad is None  # the eager Function gives autograd no dW either
+    assert torch.equal(got, ref), float((got - ref).abs().max())
+    assert torch.equal(got_dx, ref_dx)
+    assert got_grad is not None and got_grad.shape == got.shape  # the unwritten placeholder
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_traced_wgrad_adds_into_main_grad_gpu(mode):
+    """The same on CUDA, and under CUDA graphs: a replayed graph must add into the real main_grad,
+    not into a copy cudagraph trees made of it (three micro-batches: warm-up, record, replay)."""
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        out, _ = _main_grad_runs("cuda", "fp8_blockwise_ue8m0", mode)
+    (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
+    assert torch.equal(got, ref), float((got - ref).abs().max())
+    assert torch.equal(got_dx, ref_dx)

@@ -13,11 +13,13 @@ None and callers keep the Triton kernels; INFIR_CUDA_KERNELS=0 makes that the ch
 from __future__ import annotations
 
 import ctypes
+import glob
 import hashlib
 import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -44,10 +46,32 @@ def _arch(device: torch.device) -> str:
     return f"sm_{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
 
 
-def _build(source: Path, arch: str, nvcc: str) -> Path:
+def cublaslt_flags() -> list[str]:
+    """nvcc flags to compile against and link to the libcublasLt torch itself uses (its wheel's copy,
+    whose headers sit beside it, else the CUDA toolkit's): two copies in one process would each keep
+    their own state."""
+    torch.cuda.init()
+    with open("/proc/self/maps") as f:
+        libs = sorted({line.split()[-1] for line in f if "/libcublasLt.so" in line})
+    if not libs:  # not loaded yet: the wheels torch depends on, then the toolkit
+        roots = [Path(p) for p in sys.path if p] + [Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))]
+        libs = sorted(str(c) for r in roots for c in [*glob.glob(str(r / "nvidia/*/lib/libcublasLt.so.*")),
+                                                      *glob.glob(str(r / "lib64/libcublasLt.so.*"))])
+    if not libs:
+        raise RuntimeError("libcublasLt not found (neither loaded by torch nor in its nvidia wheels or $CUDA_HOME)")
+    lib = Path(libs[0])
+    incs = [lib.parent.parent / "include", Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "include"]
+    inc = next((d for d in incs if (d / "cublasLt.h").exists()), None)
+    if inc is None:
+        raise RuntimeError(f"cublasLt.h not found in {[str(d) for d in incs]}")
+    return [f"-I{inc}", f"-L{lib.parent}", f"-l:{lib.name}", f"-Xlinker=-rpath,{lib.parent}"]
+
+
+def _build(source: Path, arch: str, nvcc: str, extra: tuple | list = ()) -> Path:
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.cuh")))  # what the .cu may include
-    key = hashlib.sha256(source.read_bytes() + headers + arch.encode() + version.encode()).hexdigest()[:16]
+    key = hashlib.sha256(source.read_bytes() + headers + arch.encode() + version.encode()
+                         + " ".join(extra).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("INFIR_KERNEL_CACHE", Path.home() / ".cache" / "infir" / "kernels"))
     out = cache / f"{source.stem}_{arch}_{key}.so"
     if out.exists():
@@ -55,7 +79,7 @@ def _build(source: Path, arch: str, nvcc: str) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, suffix=".so.tmp")
     os.close(fd)
-    cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}", "-o", tmp, str(source)]
+    cmd = [nvcc, "-O3", "-shared", "-Xcompiler", "-fPIC", f"-arch={arch}", "-o", tmp, str(source), *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)
@@ -64,8 +88,9 @@ def _build(source: Path, arch: str, nvcc: str) -> Path:
     return out
 
 
-def load(name: str, device: torch.device) -> ctypes.CDLL | None:
-    """The library built from kernels/<name>.cu for `device`'s architecture, or None (see module doc)."""
+def load(name: str, device: torch.device, cublaslt: bool = False) -> ctypes.CDLL | None:
+    """The library built from kernels/<name>.cu for `device`'s architecture, or None (see module doc).
+    cublaslt: the source calls cuBLASLt (built against torch's copy, see cublaslt_flags)."""
     if os.environ.get("INFIR_CUDA_KERNELS", "1") == "0":
         return None
     key = (name, torch.cuda.get_device_capability(device))
@@ -78,7 +103,8 @@ def load(name: str, device: torch.device) -> ctypes.CDLL | None:
             log.info("infir: nvcc not found; the Triton kernels stand in for %s.cu", name)
         else:
             try:
-                lib = ctypes.CDLL(str(_build(_HERE / f"{name}.cu", _arch(device), nvcc)))
+                extra = cublaslt_flags() if cublaslt else []
+                lib = ctypes.CDLL(str(_build(_HERE / f"{name}.cu", _arch(device), nvcc, extra)))
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                 log.warning("infir: could not build %s.cu, using the Triton kernels instead (same bits, slower): %s. "
                             "Fix the nvcc install, point INFIR_KERNEL_CACHE at a writable directory, or set "
