@@ -16,7 +16,8 @@ from . import cuda_build
 
 log = logging.getLogger(__name__)
 _FP8 = torch.float8_e4m3fn
-# (device index, Mo, No, K, fp32 out) -> (plan id, algorithm) or None where cuBLASLt has no plan
+# (device index, Mo, No, K, fp32 out, accumulate) -> (plan id, fastest algorithm or None) or None where
+# cuBLASLt has no plan (adding C runs other kernels, so accumulate picks its own)
 _PLANS: dict = {}
 _LIB: dict = {}  # device index -> library or None
 
@@ -37,16 +38,19 @@ def _run(lib, plan: int, algo: int, a, sa, b, sb, out, beta: float) -> int:
                               p(out.data_ptr()), ctypes.c_float(beta), p(torch.cuda.current_stream(a.device).cuda_stream))
 
 
-def _fastest(lib, plan: int, a, sa, b, sb, out, reps: int = 3) -> int:
-    """The plan's fastest algorithm on these operands, timed into a scratch copy of out."""
+def _fastest(lib, plan: int, a, sa, b, sb, out, beta: float, reps: int = 3) -> int:
+    """The plan's fastest algorithm on these operands with this beta (cuBLASLt runs another kernel
+    when it adds C), timed into a scratch copy of out; an algorithm that fails to launch never wins."""
     scratch = torch.empty_like(out)
     times = []
     for algo in range(lib.infir_lt_wgrad_algos(plan)):
-        _run(lib, plan, algo, a, sa, b, sb, scratch, 0.0)
+        if _run(lib, plan, algo, a, sa, b, sb, scratch, beta):
+            times.append(float("inf"))
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(reps):
-            _run(lib, plan, algo, a, sa, b, sb, scratch, 0.0)
+            _run(lib, plan, algo, a, sa, b, sb, scratch, beta)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
@@ -62,11 +66,11 @@ def fits(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -
     return k == b.shape[1] and k % 128 == 0 and mo % 16 == 0 and no % 16 == 0 and outer_major(sa, mo) and outer_major(sb, no)
 
 
-def _plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype):
+def _plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, accumulate: bool = False):
     """(library, plan key, (plan id, chosen algorithm or None)) for a [Mo, K] @ b [No, K]^T; the entry
     is None where the library did not build or cuBLASLt offers no unsplit algorithm."""
     lib = _lib(a.device)
-    key = (a.device.index, a.shape[0], b.shape[0], a.shape[1], out_dtype == torch.float32)
+    key = (a.device.index, a.shape[0], b.shape[0], a.shape[1], out_dtype == torch.float32, accumulate)
     if lib is None:
         return None, key, None
     entry = _PLANS.get(key, ())
@@ -96,17 +100,18 @@ def lt_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tenso
         out_dtype = torch.float32
     elif out_dtype not in (torch.float32, torch.bfloat16):
         return None
-    lib, key, entry = _plan(a, b, out_dtype)
+    lib, key, entry = _plan(a, b, out_dtype, accumulate is not None)
     if entry is None:
         return None
     plan, best = entry
     out = accumulate if accumulate is not None else torch.empty((a.shape[0], b.shape[0]), dtype=out_dtype, device=a.device)
+    beta = 1.0 if accumulate is not None else 0.0
     if algo is None:
         if best is None and not torch.cuda.is_current_stream_capturing():
-            best = _fastest(lib, plan, a, sa, b, sb, out)
+            best = _fastest(lib, plan, a, sa, b, sb, out, beta)
             _PLANS[key] = (plan, best)
         algo = 0 if best is None else best
-    status = _run(lib, plan, algo, a, sa, b, sb, out, 1.0 if accumulate is not None else 0.0)
+    status = _run(lib, plan, algo, a, sa, b, sb, out, beta)
     if status:
         raise RuntimeError(f"cuBLASLt wgrad GEMM failed (cublasStatus {status}) at {key}; set INFIR_CUDA_KERNELS=0 "
                            "to use torch's scaled_mm instead")
