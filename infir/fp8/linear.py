@@ -180,9 +180,9 @@ def fp8_backward(ctx, dy: torch.Tensor):
     if need_dgrad:
         dx = fp8_gemm(qdy, ctx.qw.t(), out_dtype=ctx.x_dtype, backend=ctx.backend)
     if need_wgrad:
-        # FP32 out where the gradient is accumulated in FP32 (main_grad, FP32 weights); a bf16
-        # weight without main_grad is accumulated in bf16 by autograd anyway, so the GEMM writes
-        # bf16 directly (it accumulates in FP32 inside either way)
+        # With main_grad (FP32) the product is added into it; a weight without one gets dW in its
+        # own dtype (autograd accumulates a bf16 weight's grad in bf16 anyway; the GEMM accumulates
+        # in FP32 inside either way)
         main_grad = getattr(weight, "main_grad", None)
         if main_grad is not None:  # added in place where the GEMM can (gemm.fp8_gemm_accumulate)
             fp8_gemm_accumulate(qdyt, ctx.qxt, main_grad, backend=ctx.backend)

@@ -65,7 +65,7 @@ def test_every_lt_algorithm_gives_torchs_product(shape):
         assert torch.equal(acc, c0 + outs[0])
 
 
-def test_gemm_entry_points_take_the_lt_path_and_fall_back():
+def test_gemm_entry_points_agree_with_the_lt_path():
     """fp8_gemm (token x token) goes through cuBLASLt, fp8_gemm_accumulate adds in place bit for bit as
     the sum, and the emulated backend's (exact FP32 products) agrees to the FP8 tensor cores' own
     accumulation error inside each 128-block (~1e-4 of the largest value)."""

@@ -8,7 +8,8 @@ The shared library is cached per (source and the headers beside it, GPU architec
 $INFIR_KERNEL_CACHE (default ~/.cache/infir/kernels), written to a temporary name and renamed,
 so ranks that build at once do not read each other's half-written files. Where nvcc is missing,
 the build fails or the GPU is older than sm_89 (no FP8 conversion instructions), `load` returns
-None and callers keep the Triton kernels; INFIR_CUDA_KERNELS=0 makes that the choice.
+None and callers keep their fallback (the Triton kernels; torch's scaled_mm for lt_wgrad.cu);
+INFIR_CUDA_KERNELS=0 makes that the choice.
 """
 from __future__ import annotations
 
@@ -100,13 +101,14 @@ def load(name: str, device: torch.device, cublaslt: bool = False) -> ctypes.CDLL
     if key[1] >= (8, 9):
         nvcc = _nvcc()
         if nvcc is None:
-            log.info("infir: nvcc not found; the Triton kernels stand in for %s.cu", name)
+            log.info("infir: nvcc not found; %s.cu's fallback (Triton kernels, or torch's scaled_mm) stands in", name)
         else:
             try:
                 extra = cublaslt_flags() if cublaslt else []
                 lib = ctypes.CDLL(str(_build(_HERE / f"{name}.cu", _arch(device), nvcc, extra)))
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                log.warning("infir: could not build %s.cu, using the Triton kernels instead (same bits, slower): %s. "
+                log.warning("infir: could not build %s.cu, using the Triton kernels instead (torch's scaled_mm for "
+                            "lt_wgrad.cu; same bits, slower): %s. "
                             "Fix the nvcc install, point INFIR_KERNEL_CACHE at a writable directory, or set "
                             "INFIR_CUDA_KERNELS=0 to skip the build", name, e)
     _LOADED[key] = lib
