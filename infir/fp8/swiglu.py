@@ -11,7 +11,9 @@ produces, dh, is quantized to FP8 by FC1's backward anyway.
 
 On CUDA (and in Triton's interpreter) two Triton kernels run it (kernels/swiglu.py: one pass over h
 forward, one over the FP8 copy backward), as opaque ops (oplib.py) so that a compiled layer keeps them whole;
-elsewhere, and for ffn sizes not a multiple of 128, the torch reference below.
+elsewhere, and for ffn sizes not a multiple of 128, the torch reference below. Where FC1 runs in FP8 and
+SwiGLU is fused into it (infir.fp8.traced), the backward goes straight to FC1's FP8 gradient operands
+(swiglu_fp8_backward_quantized): dh is never written in bf16.
 """
 from __future__ import annotations
 
@@ -57,9 +59,24 @@ def _bwd(q: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, out_dtype: tor
     return swiglu_fp8_bwd(q, scale, dy2, out_dtype)
 
 
+def _bwd_quant(q: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, scale_format: str, fmt: str):
+    from .kernels.swiglu import swiglu_fp8_bwd_quant
+
+    return swiglu_fp8_bwd_quant(q, scale, dy2, scale_format, fmt)
+
+
+def _bwd_quant_fake(q, scale, dy2, scale_format, fmt):
+    m, k = q.shape  # the token quantizers' outer-dim-major scale views
+    dt, f32 = get_format(fmt).dtype, torch.float32
+    return (q.new_empty((m, k), dtype=dt), q.new_empty((k // TOKEN_BLOCK, m), dtype=f32).t(),
+            q.new_empty((k, m), dtype=dt), q.new_empty((m // TOKEN_BLOCK, k), dtype=f32).t())
+
+
 _fwd_op = define_op("swiglu_fp8_fwd", "(Tensor h2, str scale_format, str fmt) -> (Tensor, Tensor, Tensor)", _fwd, _fwd_fake)
 _bwd_op = define_op("swiglu_fp8_bwd", "(Tensor q, Tensor scale, Tensor dy2, ScalarType out_dtype) -> Tensor", _bwd,
                     lambda q, scale, dy2, out_dtype: q.new_empty(q.shape, dtype=out_dtype))
+_bwd_quant_op = define_op("swiglu_fp8_bwd_quant", "(Tensor q, Tensor scale, Tensor dy2, str scale_format, str fmt) "
+                          "-> (Tensor, Tensor, Tensor, Tensor)", _bwd_quant, _bwd_quant_fake)
 
 
 def _use_kernels(h: torch.Tensor) -> bool:
@@ -68,27 +85,54 @@ def _use_kernels(h: torch.Tensor) -> bool:
     return ks.supported(h.reshape(-1, h.shape[-1]))
 
 
+def swiglu_fp8_forward(h2: torch.Tensor, scale_format: str, fmt: str):
+    """(swiglu(h2), h2's FP8 data, its 1x128 scales [M, 2F/128] row-major) for h2 [M, 2F]: the Triton
+    kernel where it applies, else the reference."""
+    if _use_kernels(h2):
+        return _fwd_op(h2, scale_format, fmt)
+    q = quantize_token_ref(h2, get_format(fmt), scale_format)
+    return swiglu(h2), q.data, q.scale
+
+
+def swiglu_fp8_backward(data: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype,
+                        scale_format: str, fmt: str) -> torch.Tensor:
+    """dL/dh [M, 2F] in out_dtype from swiglu_fp8_forward's FP8 copy of h and dy2 [M, F]."""
+    if _use_kernels(data):
+        return _bwd_op(data, scale, dy2, out_dtype)
+    h = dequantize(QTensor(data, scale, "token", scale_format, fmt))
+    return swiglu_backward(h, dy2).to(out_dtype)
+
+
+def fused_backward_quantize_ok(data: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether swiglu_fp8_backward_quantized takes these operands (fused by kernels/quant_both.cu
+    where it is built). Trace-safe: shapes, dtypes and devices only."""
+    from .kernels.swiglu import bwd_quant_ok
+
+    return bwd_quant_ok(data, dy2, out_dtype)
+
+
+def swiglu_fp8_backward_quantized(data: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, scale_format: str,
+                                  fmt: str):
+    """swiglu_fp8_backward(..., bf16) quantized per token in both layouts, by one kernel that never
+    writes dh: (q [M, 2F], its scales, q^T [2F, M], its scales) as the token quantizers lay them out.
+    Only where fused_backward_quantize_ok."""
+    return _bwd_quant_op(data, scale, dy2, scale_format, fmt)
+
+
 class SwiGLUFp8Input(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, scale_format: str, fmt: str):
-        ctx.kernels = _use_kernels(h)
         ctx.qmeta = (scale_format, fmt, h.dtype, h.shape)
-        if ctx.kernels:
-            y, q, s = _fwd_op(h.reshape(-1, h.shape[-1]), scale_format, fmt)
-            ctx.save_for_backward(q, s)
-            return y.view(*h.shape[:-1], h.shape[-1] // 2)
-        q = quantize_token_ref(h, get_format(fmt), scale_format)
-        ctx.save_for_backward(q.data, q.scale)
-        return swiglu(h)
+        y, q, s = swiglu_fp8_forward(h.reshape(-1, h.shape[-1]), scale_format, fmt)
+        ctx.save_for_backward(q, s)
+        return y.view(*h.shape[:-1], h.shape[-1] // 2)
 
     @staticmethod
     def backward(ctx, dy):
         data, scale = ctx.saved_tensors
         scale_format, fmt, dtype, shape = ctx.qmeta
-        if ctx.kernels:
-            return _bwd_op(data, scale, dy.reshape(-1, dy.shape[-1]), dtype).view(shape), None, None
-        h = dequantize(QTensor(data, scale, "token", scale_format, fmt))
-        return swiglu_backward(h, dy).to(dtype), None, None
+        dh = swiglu_fp8_backward(data, scale, dy.reshape(-1, dy.shape[-1]), dtype, scale_format, fmt)
+        return dh.view(shape), None, None
 
 
 def swiglu_fp8_input(h: torch.Tensor, scale_format: str = "ue8m0", fmt: str = "e4m3") -> torch.Tensor:

@@ -25,6 +25,8 @@ def test_build_is_cached_and_the_entry_point_refuses_bad_shapes(tmp_path, monkey
     assert lib.infir_quant_two_level(p, ctypes.c_longlong(64), p, p, p, p, 4, 33, 1, 0, 0, p) == 1
     both = ctypes.CDLL(str(cuda_build._build(cuda_build._HERE / "quant_both.cu", "sm_90a", nvcc)))
     assert both.infir_quant_token_both(p, ctypes.c_longlong(64), p, p, p, p, 100, 128, 1, 0, 4, p) == 1  # M % 128
+    # the fused SwiGLU backward's entry point, F not a multiple of 128
+    assert both.infir_swiglu_bwd_quant_both(p, p, 0, p, ctypes.c_longlong(64), p, p, p, p, 128, 100, 1, 0, 4, p) == 1
 
 
 def test_no_cuda_kernels_means_none(monkeypatch, caplog):

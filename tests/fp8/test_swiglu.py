@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from infir.fp8.formats import get_format
-from infir.fp8.quantize import dequantize, quantize_token_ref
+from infir.fp8.quantize import QTensor, dequantize, quantize_token_ref
 from infir.fp8.swiglu import swiglu, swiglu_backward, swiglu_fp8_input
 
 
@@ -141,3 +141,93 @@ def test_compiled_equals_eager_when_the_width_is_not_whole_blocks(ffn):
 
     torch._dynamo.reset()
     assert torch.equal(grad(torch.compile(swiglu_fp8_input, backend="inductor", fullgraph=True)), grad(swiglu_fp8_input))
+
+
+def _fused_reference(q, s, dy, h_scale_format, h_fmt, scale_format, fmt):
+    """What the fused kernel must give: dh from the dequantized copy (swiglu_backward, FP32 op by op,
+    on the kernel's device), rounded to bf16, then the reference token quantizer in both layouts."""
+    from infir.fp8.quantize import quantize_reference
+
+    h = dequantize(QTensor(q, s, "token", h_scale_format, h_fmt))
+    dh = swiglu_backward(h, dy).bfloat16()
+    return dh, quantize_reference(dh.cpu(), "token", scale_format, fmt), quantize_reference(dh.cpu().t(), "token",
+                                                                                               scale_format, fmt)
+
+
+def _assert_nearly_same_q(got, ref, max_frac=1e-4):
+    """The fused kernel's sigmoid uses the fast exp and division (2 ulp), so after the bf16 and FP8
+    roundings a rare byte (and, rarer, a power-of-two scale) may differ from the reference's; the
+    rest must be equal. A byte that differs may be one FP8 step off, not more."""
+    gb, rb = got.data.view(torch.uint8).cpu(), ref.data.view(torch.uint8).cpu()
+    frac = (gb != rb).float().mean().item()
+    assert frac <= max_frac, f"{frac:.2e} of the FP8 bytes differ"
+    sg, sr = got.scale.cpu(), ref.scale.cpu()
+    assert ((sg != sr) & ~(sg.isnan() & sr.isnan())).float().mean().item() <= 10 * max_frac, "scales differ"
+    # adjacent codes of one sign are adjacent integers: "one FP8 step" is a difference of 1 where the scales agree
+    same_scale = (sg == sr).repeat_interleave(128, dim=-1)[..., : gb.shape[-1]]
+    codes = (gb.int() - rb.int()).abs()
+    assert (codes[same_scale] <= 1).all(), "a differing byte is more than one FP8 step off"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8192, 8960), (256, 4864), (1152, 128)])
+def test_gpu_fused_backward_quantizer_matches_the_reference(shape):
+    """kernels/quant_both.cu's SwiGLU backward + both-layouts quantizer against the reference (dh from
+    the dequantized copy in FP32, bf16, then the token quantizer): every scale format, FP8 format of
+    the output and of the saved h, heavy-tailed inputs, a row-strided dY, both loads variants; all
+    but a rare byte equal (_assert_nearly_same_q). With an all-zero block, NaN and infinities in dY:
+    the same NaN positions and zeros. The allocator is first filled with 0x7F so that a skipped store shows."""
+    from qcheck import rand
+
+    from infir.fp8.kernels import cuda_build
+    from infir.fp8.kernels import swiglu as ks
+    from infir.fp8.swiglu import fused_backward_quantize_ok, swiglu_fp8_backward_quantized
+
+    assert cuda_build.load("quant_both", torch.device("cuda")) is not None, "quant_both.cu did not build here"
+    garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
+    del garbage
+    m, f = shape
+    h = rand((m, 2 * f), device="cuda")
+    wide = rand((m, f + 128), device="cuda")
+    for h_sf, h_fmt in (("ue8m0", "e4m3"), ("fp32", "e5m2")):
+        _, q, s = ks.swiglu_fp8_fwd(h, h_sf, h_fmt)
+        for dy in (wide[:, :f], wide[:, 128:]):
+            assert fused_backward_quantize_ok(q, dy, torch.bfloat16)
+            for sf in ("ue8m0", "fp32"):
+                for fmt in ("e4m3", "e5m2"):
+                    _, ref, ref_t = _fused_reference(q, s, dy, h_sf, h_fmt, sf, fmt)
+                    for loads in (2, 4):
+                        got = ks.swiglu_fp8_bwd_quant(q, s, dy, sf, fmt, loads)
+                        _assert_nearly_same_q(QTensor(got[0], got[1], "token", sf, fmt), ref)
+                        _assert_nearly_same_q(QTensor(got[2], got[3], "token", sf, fmt), ref_t)
+    _, q, s = ks.swiglu_fp8_fwd(h, "ue8m0", "e4m3")
+    dy = wide[:, :f].contiguous()
+    dy[:128, :128] = 0  # dgate and dup both all-zero blocks
+    dy[130, 3], dy[131, 5], dy[200, 7] = float("nan"), float("inf"), -float("inf")
+    got = swiglu_fp8_backward_quantized(q, s, dy, "ue8m0", "e4m3")
+    _, ref, ref_t = _fused_reference(q, s, dy, "ue8m0", "e4m3", "ue8m0", "e4m3")
+    for g, r in zip((QTensor(got[0], got[1], "token"), QTensor(got[2], got[3], "token")), (ref, ref_t)):
+        dg, dr = dequantize(g).cpu(), dequantize(r)
+        assert torch.equal(torch.isnan(dg), torch.isnan(dr)) and torch.isnan(dr).any()
+    rows, cols = dequantize(QTensor(got[0], got[1], "token")).cpu(), dequantize(QTensor(got[2], got[3], "token")).cpu()
+    assert (rows[:128, :128] == 0).all() and (rows[:128, f:f + 128] == 0).all()
+    assert (cols[:128, :128] == 0).all() and (cols[f:f + 128, :128] == 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_fused_backward_quantizer_falls_back_without_the_cuda_library(monkeypatch):
+    """With INFIR_CUDA_KERNELS=0 (or no nvcc) the op runs the unfused pair, Triton's SwiGLU backward then
+    the Triton quantizer, and still matches the reference."""
+    from qcheck import rand
+
+    from infir.fp8.kernels import cuda_build
+    from infir.fp8.kernels import swiglu as ks
+
+    monkeypatch.setenv("INFIR_CUDA_KERNELS", "0")
+    assert cuda_build.load("quant_both", torch.device("cuda")) is None
+    h, dy = rand((256, 2 * 384), device="cuda"), rand((256, 384), device="cuda")
+    _, q, s = ks.swiglu_fp8_fwd(h, "ue8m0", "e4m3")
+    got = ks.swiglu_fp8_bwd_quant(q, s, dy, "ue8m0", "e4m3")
+    _, ref, ref_t = _fused_reference(q, s, dy, "ue8m0", "e4m3", "ue8m0", "e4m3")
+    _assert_nearly_same_q(QTensor(got[0], got[1], "token"), ref)
+    _assert_nearly_same_q(QTensor(got[2], got[3], "token"), ref_t)

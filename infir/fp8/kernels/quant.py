@@ -660,17 +660,22 @@ def cuda_both_ok(x2: torch.Tensor) -> bool:
 
 
 _CUDA_READY: set = set()
-_VP, _I32 = ctypes.c_void_p, ctypes.c_int
-# each .cu's entry point (x, ldx, four output pointers, M, K, three int options, stream) and its
-# once-per-device setup
-_CUDA_ENTRY = {"quant_both": ("infir_quant_token_both", "infir_quant_token_both_init"),
-               "quant_two_level": ("infir_quant_two_level", "infir_quant_two_level_init")}
+_VP, _I32, _I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+# entry point -> (its .cu, that library's once-per-device setup, the argument types)
+_X_ARGS = [_VP, _I64, _VP, _VP, _VP, _VP, _I32, _I32, _I32, _I32, _I32, _VP]  # x, ldx, 4 outputs, M, K, 3 options, stream
+_CUDA_ENTRY = {
+    "infir_quant_token_both": ("quant_both", "infir_quant_token_both_init", _X_ARGS),
+    "infir_quant_two_level": ("quant_two_level", "infir_quant_two_level_init", _X_ARGS),
+    # qh, sh, h_e5m2, dy, ldy, 4 outputs, M, F, 3 options, stream
+    "infir_swiglu_bwd_quant_both": ("quant_both", "infir_quant_token_both_init",
+                                    [_VP, _VP, _I32, _VP, _I64, _VP, _VP, _VP, _VP, _I32, _I32, _I32, _I32, _I32, _VP]),
+}
 
 
-def _cuda_fn(name: str, device: torch.device):
-    """The ctypes entry point of kernels/<name>.cu, its kernels set up on `device`."""
+def _cuda_fn(entry: str, device: torch.device):
+    """The ctypes function `entry` of its kernels/<name>.cu, that library's kernels set up on `device`."""
+    name, init, argtypes = _CUDA_ENTRY[entry]
     lib = cuda_build.load(name, device)
-    entry, init = _CUDA_ENTRY[name]
     if (name, device) not in _CUDA_READY:
         with torch.cuda.device(device):
             err = getattr(lib, init)()
@@ -679,12 +684,12 @@ def _cuda_fn(name: str, device: torch.device):
         _CUDA_READY.add((name, device))
     fn = getattr(lib, entry)
     fn.restype = _I32
-    fn.argtypes = [_VP, ctypes.c_longlong, _VP, _VP, _VP, _VP, _I32, _I32, _I32, _I32, _I32, _VP]
+    fn.argtypes = argtypes
     return fn
 
 
 def _cuda_both_run(x2, scale_format, fmt, loads):
-    fn = _cuda_fn("quant_both", x2.device)
+    fn = _cuda_fn("infir_quant_token_both", x2.device)
     M, K = x2.shape
     dt, dev, f32 = get_format(fmt).dtype, x2.device, torch.float32
     n_kb, n_mb, ld, idx = K // TOKEN_BLOCK, M // TOKEN_BLOCK, x2.stride(0), x2.device.index
@@ -901,7 +906,7 @@ def cuda_two_level_ok(x2: torch.Tensor) -> bool:
 
 
 def _cuda_two_level_run(x2, scale_format, fmt, fold):
-    fn = _cuda_fn("quant_two_level", x2.device)
+    fn = _cuda_fn("infir_quant_two_level", x2.device)
     M, K = x2.shape
     ld, idx = x2.stride(0), x2.device.index
     opts = (int(scale_format == "ue8m0"), int(fmt == "e5m2"), int(fold))

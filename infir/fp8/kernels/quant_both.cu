@@ -14,10 +14,22 @@
 // x * 2^-e for UE8M0 (exact) or IEEE division for FP32 scales, saturating round-to-nearest-even cast
 // (the cvt.rn.satfinite instruction Triton's casts lower to as well).
 //
+// The same kernel also quantizes SwiGLU's backward as it computes it (infir_swiglu_bwd_quant_both):
+// dh = [dgate, dup] of y = silu(gate) * up, from SwiGLU's FP8 copy of h and dY, rounded to bf16 and
+// quantized into FC1's dgrad and wgrad operands without ever being written. Unfused, dh went out in
+// bf16 and came back for the quantizer: at Qwen2.5-1.5B (ffn 8960) the widest operand of the layer.
+// A block holds gate's and up's tiles of the same 128 columns (512 threads, two blocks an SM), so
+// every input is read and every sigmoid computed once. The values are swiglu.swiglu_backward's in
+// float32, op by op, but for the sigmoid's fast exp and division (__expf, __fdividef: 2 ulp): with
+// the IEEE pair the kernel was instruction-bound, at 0.96x of the unfused pair (bench/quant.py
+// --swiglu, BENCHMARKS.md). After the bf16 and FP8 roundings the bytes rarely differ from the
+// reference's (tests/fp8/test_swiglu.py bounds how rarely).
+//
 // Shapes: M and K multiples of 128, rows 16-byte aligned (the caller checks and falls back to Triton).
 // Layouts (those scaled_mm reads): q [M, K]; s (M, K/128) at s[kb * M + m]; qt [K, M];
 // st (K, M/128) at st[mb * K + k].
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -29,11 +41,11 @@ namespace {
 using namespace infir_fp8;
 
 constexpr int TILE = 128;
-constexpr int THREADS = 256;
+constexpr int TILE_THREADS = 256;      // threads per 128x128 tile a block quantizes
 constexpr int XS_PITCH = TILE + 8;     // bf16 elements per shared row: 16-byte rows, conflict-free word columns
 constexpr int QS_PITCH = TILE + 16;    // bytes per staged FP8 row of X^T
 constexpr int XS_BYTES = TILE * XS_PITCH * 2, QS_BYTES = TILE * QS_PITCH;
-constexpr int SMEM_BYTES = XS_BYTES + QS_BYTES + 4 * TILE * 4;  // 55,296: four blocks fit an SM
+constexpr int TILE_SMEM = XS_BYTES + QS_BYTES + 4 * TILE * 4;  // 55,296 a tile: four tiles fit an SM
 
 // 1/s for UE8M0 scales (a power of two, 1, or NaN): exact, so x * inv is the rounded quotient.
 __device__ __forceinline__ float inv_pow2(float s) {
@@ -46,67 +58,156 @@ __device__ __forceinline__ float quot(float x, float s, float inv) {
   return UE8M0 ? x * inv : __fdiv_rn(x, s);
 }
 
-// LOADS: 16-byte loads in flight per thread in the row phase (4 or 8; 8 rows of 16 per thread).
-template <bool UE8M0, bool E5M2, int LOADS>
-__global__ void __launch_bounds__(THREADS) quant_token_both(
-    const __nv_bfloat16* __restrict__ x, long long ldx, uint8_t* __restrict__ q, float* __restrict__ s,
-    uint8_t* __restrict__ qt, float* __restrict__ st, int M, int K) {
-  constexpr float FMAX = E5M2 ? 57344.f : 448.f;
-  // dynamic shared memory (SMEM_BYTES, over the 48 KB static limit): the bf16 tile, X^T's FP8
-  // bytes staged for full-line stores, and the column maxima of each quarter of the rows
-  extern __shared__ __align__(16) unsigned char smem[];
-  __nv_bfloat16(*xs)[XS_PITCH] = reinterpret_cast<__nv_bfloat16(*)[XS_PITCH]>(smem);
-  uint8_t(*qs)[QS_PITCH] = reinterpret_cast<uint8_t(*)[QS_PITCH]>(smem + XS_BYTES);
-  float(*col_amax)[TILE] = reinterpret_cast<float(*)[TILE]>(smem + XS_BYTES + QS_BYTES);
+// Where a block's TILES 128x128 bf16 tiles come from. For each row and 8 consecutive columns of its
+// tiles, a source loads the inputs (load), then makes the 8 bf16 values of every tile (values).
+// out_block(bx, t): the output's 128-column block of tile t for the launch's column index bx.
 
-  const int kb = blockIdx.x, mb = blockIdx.y, tid = threadIdx.x;
-  const long long m0 = (long long)mb * TILE, k0 = (long long)kb * TILE;
+// X itself: one tile a block.
+struct Bf16Rows {
+  static constexpr int TILES = 1;
+  const __nv_bfloat16* x;
+  long long ldx;
+  using Raw = uint4;
+  __device__ __forceinline__ int out_block(int bx, int) const { return bx; }
+  __device__ __forceinline__ Raw load(long long m, int bx, int c) const {
+    return __ldg(reinterpret_cast<const uint4*>(x + m * ldx + (long long)bx * TILE + c));
+  }
+  __device__ __forceinline__ void values(const Raw& r, uint4 (&v)[TILES]) const { v[0] = r; }
+};
 
-  // Rows: 16 lanes per row, 8 bf16 each; a warp covers two rows per step, eight steps, LOADS of
-  // them loaded before any is processed.
-  const int seg = tid & 15, rsub = tid >> 4;
+__device__ __forceinline__ float2 fp8x2_to_float2(uint16_t v, bool e5m2) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(v, e5m2 ? __NV_E5M2 : __NV_E4M3);
+  return __half22float2(*reinterpret_cast<__half2*>(&h));
+}
+
+// dh = [dgate, dup] of SwiGLU y = silu(g) * u, h = [g, u] ([M, 2F], F = nfb * 128), from h's FP8 copy
+// (1x128 scales, row-major [M, 2F/128]) and dY [M, F]: block j's two tiles are dgate's block j and
+// dup's block nfb + j, so each input is read once and each sigmoid computed once.
+struct SwigluBwdRows {
+  static constexpr int TILES = 2;
+  const uint8_t* qh;
+  const float* sh;
+  const __nv_bfloat16* dy;
+  long long ldy;
+  int nfb;
+  bool h_e5m2;
+  struct Raw {
+    uint2 g, u;
+    uint4 d;
+    float sg, su;
+  };
+  __device__ __forceinline__ int out_block(int bx, int t) const { return t * nfb + bx; }
+  __device__ __forceinline__ Raw load(long long m, int j, int c) const {
+    const long long F = (long long)nfb * TILE, col = (long long)j * TILE + c;
+    Raw r;
+    r.g = __ldg(reinterpret_cast<const uint2*>(qh + m * 2 * F + col));
+    r.u = __ldg(reinterpret_cast<const uint2*>(qh + m * 2 * F + F + col));
+    r.d = __ldg(reinterpret_cast<const uint4*>(dy + m * ldy + col));
+    r.sg = __ldg(sh + m * 2 * nfb + j);
+    r.su = __ldg(sh + m * 2 * nfb + nfb + j);
+    return r;
+  }
+  __device__ __forceinline__ void values(const Raw& r, uint4 (&v)[TILES]) const {
+    const uint32_t gw[2] = {r.g.x, r.g.y}, uw[2] = {r.u.x, r.u.y}, dw[4] = {r.d.x, r.d.y, r.d.z, r.d.w};
+    uint32_t dg[4], du[4];
 #pragma unroll
-  for (int part = 0; part < 8 / LOADS; ++part) {
-    uint4 v[LOADS];
+    for (int i = 0; i < 4; ++i) {
+      const float2 g2 = fp8x2_to_float2(uint16_t(gw[i / 2] >> (16 * (i & 1))), h_e5m2);
+      const float2 u2 = fp8x2_to_float2(uint16_t(uw[i / 2] >> (16 * (i & 1))), h_e5m2);
+      const float2 d2 = bf16x2_to_float2(dw[i]);
+      const float gs[2] = {g2.x, g2.y}, us[2] = {u2.x, u2.y}, ds[2] = {d2.x, d2.y};
+      float a[2], b[2];
 #pragma unroll
-    for (int i = 0; i < LOADS; ++i) {
-      const int r = rsub + 16 * (LOADS * part + i);
-      v[i] = __ldg(reinterpret_cast<const uint4*>(x + (m0 + r) * ldx + k0 + seg * 8));
-    }
-#pragma unroll
-    for (int i = 0; i < LOADS; ++i) {
-      const int r = rsub + 16 * (LOADS * part + i);
-      *reinterpret_cast<uint4*>(&xs[r][seg * 8]) = v[i];
-      const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-      float f[8];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        float2 p = bf16x2_to_float2(w[j]);
-        f[2 * j] = p.x;
-        f[2 * j + 1] = p.y;
+      for (int t = 0; t < 2; ++t) {
+        // swiglu_backward's ops, each rounded as torch rounds it, but for the sigmoid: the fast
+        // exp and division (2 ulp), the accurate pair (IEEE division) made the kernel instruction-bound
+        const float g = __fmul_rn(gs[t], r.sg), u = __fmul_rn(us[t], r.su);
+        const float sig = __fdividef(1.f, __fadd_rn(1.f, __expf(-g)));
+        a[t] = __fmul_rn(__fmul_rn(__fmul_rn(ds[t], u), sig), __fadd_rn(1.f, __fmul_rn(g, __fsub_rn(1.f, sig))));
+        b[t] = __fmul_rn(ds[t], __fmul_rn(g, sig));
       }
-      float a = 0.f;
+      const __nv_bfloat162 pa = __floats2bfloat162_rn(a[0], a[1]), pb = __floats2bfloat162_rn(b[0], b[1]);
+      dg[i] = *reinterpret_cast<const uint32_t*>(&pa);
+      du[i] = *reinterpret_cast<const uint32_t*>(&pb);
+    }
+    v[0] = make_uint4(dg[0], dg[1], dg[2], dg[3]);
+    v[1] = make_uint4(du[0], du[1], du[2], du[3]);
+  }
+};
+
+// One block: Src::TILES tiles of 128 rows x 128 columns, 256 threads a tile. LOADS: rows loaded per
+// thread before any is processed (of its 8 / TILES: 4 or 8 for X, 2 or 4 for SwiGLU's backward).
+template <class Src, bool UE8M0, bool E5M2, int LOADS>
+__global__ void __launch_bounds__(TILE_THREADS * Src::TILES, 4 / Src::TILES) quant_token_both(
+    const Src src, uint8_t* __restrict__ q, float* __restrict__ s,
+    uint8_t* __restrict__ qt, float* __restrict__ st, int M, int K) {
+  constexpr int T = Src::TILES;
+  static_assert((8 / T) % LOADS == 0, "LOADS must divide the row steps");
+  constexpr float FMAX = E5M2 ? 57344.f : 448.f;
+  // dynamic shared memory (TILE_SMEM a tile, over the 48 KB static limit): per tile, the bf16 values,
+  // X^T's FP8 bytes staged for full-line stores, and the column maxima of each quarter of the rows
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, bx = blockIdx.x, mb = blockIdx.y;
+  const long long m0 = (long long)mb * TILE;
+
+  // Rows: 16 lanes per row, 8 values each; a step covers 16 * T rows, 8 / T steps, LOADS of them
+  // loaded before any is processed.
+  const int seg = tid & 15, rsub = tid >> 4;
+  constexpr int STEPS = 8 / T;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) a = fmaxf(a, abs_nan_inf(f[j]));
+  for (int part = 0; part < STEPS / LOADS; ++part) {
+    typename Src::Raw raw[LOADS];
 #pragma unroll
-      for (int o = 8; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-      const float sc = scale_from_amax<UE8M0>(a, FMAX);
-      const float inv = UE8M0 ? inv_pow2(sc) : 0.f;
-      uint2 out;
-      out.x = fp8x2<E5M2>(quot<UE8M0>(f[0], sc, inv), quot<UE8M0>(f[1], sc, inv)) |
-              (fp8x2<E5M2>(quot<UE8M0>(f[2], sc, inv), quot<UE8M0>(f[3], sc, inv)) << 16);
-      out.y = fp8x2<E5M2>(quot<UE8M0>(f[4], sc, inv), quot<UE8M0>(f[5], sc, inv)) |
-              (fp8x2<E5M2>(quot<UE8M0>(f[6], sc, inv), quot<UE8M0>(f[7], sc, inv)) << 16);
-      *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + seg * 8) = out;
-      if (seg == 0) s[(long long)kb * M + m0 + r] = sc;
+    for (int i = 0; i < LOADS; ++i) raw[i] = src.load(m0 + rsub + 16 * T * (LOADS * part + i), bx, seg * 8);
+#pragma unroll
+    for (int i = 0; i < LOADS; ++i) {
+      const int r = rsub + 16 * T * (LOADS * part + i);
+      uint4 vals[T];
+      src.values(raw[i], vals);
+#pragma unroll
+      for (int t = 0; t < T; ++t) {
+        __nv_bfloat16(*xs)[XS_PITCH] = reinterpret_cast<__nv_bfloat16(*)[XS_PITCH]>(smem + t * TILE_SMEM);
+        const long long k0 = (long long)src.out_block(bx, t) * TILE;
+        const uint4 v = vals[t];
+        *reinterpret_cast<uint4*>(&xs[r][seg * 8]) = v;
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        float f[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float2 p = bf16x2_to_float2(w[j]);
+          f[2 * j] = p.x;
+          f[2 * j + 1] = p.y;
+        }
+        float a = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a = fmaxf(a, abs_nan_inf(f[j]));
+#pragma unroll
+        for (int o = 8; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        const float sc = scale_from_amax<UE8M0>(a, FMAX);
+        const float inv = UE8M0 ? inv_pow2(sc) : 0.f;
+        uint2 out;
+        out.x = fp8x2<E5M2>(quot<UE8M0>(f[0], sc, inv), quot<UE8M0>(f[1], sc, inv)) |
+                (fp8x2<E5M2>(quot<UE8M0>(f[2], sc, inv), quot<UE8M0>(f[3], sc, inv)) << 16);
+        out.y = fp8x2<E5M2>(quot<UE8M0>(f[4], sc, inv), quot<UE8M0>(f[5], sc, inv)) |
+                (fp8x2<E5M2>(quot<UE8M0>(f[6], sc, inv), quot<UE8M0>(f[7], sc, inv)) << 16);
+        *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + seg * 8) = out;
+        if (seg == 0) s[k0 / TILE * M + m0 + r] = sc;
+      }
     }
   }
   __syncthreads();
 
-  // Columns: a thread owns a pair of adjacent columns (one 32-bit word per row) over a quarter of
-  // the tile's rows; a warp reads 32 consecutive words of a row (no bank conflicts). Two passes
-  // over shared memory (amax, then quantize) keep the registers low enough for four blocks an SM.
-  const int warp = tid >> 5, lane = tid & 31;
+  // Columns: each tile's 256 threads. A thread owns a pair of adjacent columns (one 32-bit word per
+  // row) over a quarter of the tile's rows; a warp reads 32 consecutive words of a row (no bank
+  // conflicts). Two passes over shared memory (amax, then quantize) keep the registers low enough
+  // for four tiles an SM.
+  const int tile = tid / TILE_THREADS, ttid = tid % TILE_THREADS;
+  unsigned char* tsm = smem + tile * TILE_SMEM;
+  __nv_bfloat16(*xs)[XS_PITCH] = reinterpret_cast<__nv_bfloat16(*)[XS_PITCH]>(tsm);
+  uint8_t(*qs)[QS_PITCH] = reinterpret_cast<uint8_t(*)[QS_PITCH]>(tsm + XS_BYTES);
+  float(*col_amax)[TILE] = reinterpret_cast<float(*)[TILE]>(tsm + XS_BYTES + QS_BYTES);
+  const long long k0 = (long long)src.out_block(bx, tile) * TILE;
+  const int warp = ttid >> 5, lane = ttid & 31;
   const int cp = (warp & 1) * 32 + lane;   // column pair 0..63
   const int quarter = warp >> 1;           // rows quarter*32 .. +32
   const uint32_t* col = reinterpret_cast<const uint32_t*>(&xs[quarter * 32][2 * cp]);
@@ -152,26 +253,52 @@ __global__ void __launch_bounds__(THREADS) quant_token_both(
   // Full 128-byte lines of X^T: 8 threads per row, 32 rows per pass.
 #pragma unroll
   for (int p = 0; p < 4; ++p) {
-    const int r = (tid >> 3) + 32 * p, b = (tid & 7) * 16;
+    const int r = (ttid >> 3) + 32 * p, b = (ttid & 7) * 16;
     *reinterpret_cast<uint4*>(qt + (k0 + r) * M + m0 + b) = *reinterpret_cast<const uint4*>(&qs[r][b]);
   }
 }
 
-template <bool UE8M0, bool E5M2>
-cudaError_t launch(const void* x, long long ldx, void* q, void* s, void* qt, void* st, int M, int K,
-                   int loads, cudaStream_t stream) {
-  dim3 grid(K / TILE, M / TILE);
-  auto kernel = loads >= 8 ? quant_token_both<UE8M0, E5M2, 8> : quant_token_both<UE8M0, E5M2, 4>;
-  kernel<<<grid, THREADS, SMEM_BYTES, stream>>>(
-      static_cast<const __nv_bfloat16*>(x), ldx, static_cast<uint8_t*>(q), static_cast<float*>(s),
-      static_cast<uint8_t*>(qt), static_cast<float*>(st), M, K);
+template <class Src, bool UE8M0, bool E5M2, int LOADS>
+cudaError_t launch_one(const Src& src, int grid_x, void* q, void* s, void* qt, void* st, int M, int K,
+                       cudaStream_t stream) {
+  quant_token_both<Src, UE8M0, E5M2, LOADS><<<dim3(grid_x, M / TILE), TILE_THREADS * Src::TILES,
+                                              TILE_SMEM * Src::TILES, stream>>>(
+      src, static_cast<uint8_t*>(q), static_cast<float*>(s), static_cast<uint8_t*>(qt), static_cast<float*>(st), M, K);
   return cudaGetLastError();
 }
 
-template <bool UE8M0, bool E5M2, int LOADS>
+template <class Src, bool UE8M0, bool E5M2>
+cudaError_t launch(const Src& src, int grid_x, void* q, void* s, void* qt, void* st, int M, int K, int loads,
+                   cudaStream_t stream) {
+  if constexpr (Src::TILES == 1)
+    return loads >= 8 ? launch_one<Src, UE8M0, E5M2, 8>(src, grid_x, q, s, qt, st, M, K, stream)
+                      : launch_one<Src, UE8M0, E5M2, 4>(src, grid_x, q, s, qt, st, M, K, stream);
+  else
+    return loads >= 4 ? launch_one<Src, UE8M0, E5M2, 4>(src, grid_x, q, s, qt, st, M, K, stream)
+                      : launch_one<Src, UE8M0, E5M2, 2>(src, grid_x, q, s, qt, st, M, K, stream);
+}
+
+template <class Src>
+cudaError_t launch_any(const Src& src, int grid_x, void* q, void* s, void* qt, void* st, int M, int K, int ue8m0,
+                       int e5m2, int loads, cudaStream_t stream) {
+  auto go = ue8m0 ? (e5m2 ? launch<Src, true, true> : launch<Src, true, false>)
+                  : (e5m2 ? launch<Src, false, true> : launch<Src, false, false>);
+  return go(src, grid_x, q, s, qt, st, M, K, loads, stream);
+}
+
+template <class Src, bool UE8M0, bool E5M2, int LOADS>
 cudaError_t allow_smem() {
-  return cudaFuncSetAttribute(quant_token_both<UE8M0, E5M2, LOADS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              SMEM_BYTES);
+  return cudaFuncSetAttribute(quant_token_both<Src, UE8M0, E5M2, LOADS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              TILE_SMEM * Src::TILES);
+}
+
+template <class Src, int LOADS>
+cudaError_t allow_smem_all() {
+  const cudaError_t errs[] = {allow_smem<Src, true, true, LOADS>(), allow_smem<Src, true, false, LOADS>(),
+                              allow_smem<Src, false, true, LOADS>(), allow_smem<Src, false, false, LOADS>()};
+  for (cudaError_t e : errs)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -179,20 +306,31 @@ cudaError_t allow_smem() {
 // Once per device, before its first launch: a kernel must opt in to over 48 KB of shared memory
 // (a driver call, kept off the per-launch path).
 extern "C" int infir_quant_token_both_init() {
-  const cudaError_t errs[] = {allow_smem<true, true, 4>(),   allow_smem<true, false, 4>(), allow_smem<false, true, 4>(),
-                              allow_smem<false, false, 4>(), allow_smem<true, true, 8>(),  allow_smem<true, false, 8>(),
-                              allow_smem<false, true, 8>(),  allow_smem<false, false, 8>()};
+  const cudaError_t errs[] = {allow_smem_all<Bf16Rows, 4>(), allow_smem_all<Bf16Rows, 8>(),
+                              allow_smem_all<SwigluBwdRows, 2>(), allow_smem_all<SwigluBwdRows, 4>()};
   for (cudaError_t e : errs)
     if (e != cudaSuccess) return (int)e;
   return 0;
 }
 
 // The entry point Python calls through ctypes (kernels/cuda_build.py). Returns a cudaError_t.
-// loads: the row phase's loads in flight per thread (4 or 8, see LOADS).
+// loads: the row phase's rows loaded ahead per thread (see LOADS).
 extern "C" int infir_quant_token_both(const void* x, long long ldx, void* q, void* s, void* qt, void* st,
                                       int M, int K, int ue8m0, int e5m2, int loads, void* stream) {
   if (M % TILE || K % TILE || M <= 0 || K <= 0) return (int)cudaErrorInvalidValue;
-  cudaStream_t cs = static_cast<cudaStream_t>(stream);
-  auto go = ue8m0 ? (e5m2 ? launch<true, true> : launch<true, false>) : (e5m2 ? launch<false, true> : launch<false, false>);
-  return (int)go(x, ldx, q, s, qt, st, M, K, loads, cs);
+  const Bf16Rows src{static_cast<const __nv_bfloat16*>(x), ldx};
+  return (int)launch_any(src, K / TILE, q, s, qt, st, M, K, ue8m0, e5m2, loads, static_cast<cudaStream_t>(stream));
+}
+
+// dh of SwiGLU (SwigluBwdRows) quantized in both layouts, K = 2F: q [M, 2F], s, qt [2F, M], st laid
+// out as infir_quant_token_both's. qh [M, 2F] and sh [M, 2F/128] (row-major): SwiGLU's saved copy
+// of h, in E5M2 if h_e5m2 else E4M3; dy [M, F] with row stride ldy.
+extern "C" int infir_swiglu_bwd_quant_both(const void* qh, const void* sh, int h_e5m2, const void* dy, long long ldy,
+                                           void* q, void* s, void* qt, void* st, int M, int F, int ue8m0, int e5m2,
+                                           int loads, void* stream) {
+  if (M % TILE || F % TILE || M <= 0 || F <= 0) return (int)cudaErrorInvalidValue;
+  const SwigluBwdRows src{static_cast<const uint8_t*>(qh), static_cast<const float*>(sh),
+                          static_cast<const __nv_bfloat16*>(dy), ldy, F / TILE, h_e5m2 != 0};
+  return (int)launch_any(src, F / TILE, q, s, qt, st, M, 2 * F, ue8m0, e5m2, loads,
+                         static_cast<cudaStream_t>(stream));
 }

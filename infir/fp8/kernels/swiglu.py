@@ -19,7 +19,9 @@ import triton
 import triton.language as tl
 
 from ...kernel_launch import Launch, grid1d
+from ..formats import get_format
 from ..quantize import TOKEN_BLOCK
+from . import cuda_build
 from . import quant as qk
 
 _TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -129,3 +131,40 @@ def swiglu_fp8_bwd(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, out_dtyp
     dh = torch.empty((M, K), dtype=out_dtype, device=q.device)
     launch(q.device.index, qk._v(q), s, dy2, dh, *tail)
     return dh
+
+
+def bwd_quant_ok(q: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether swiglu_fp8_bwd_quant takes these operands: bf16 dh and dY on a GPU with the hardware
+    cast, M and F whole 128-blocks. Shapes, dtypes and devices only, so that a compiled backward
+    can decide while it is traced (a file check there, for the built library, broke the graph)."""
+    M, K = q.shape
+    return (q.is_cuda and out_dtype == torch.bfloat16 and dy2.dtype == torch.bfloat16 and not qk.SOFT_CAST
+            and q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and M % TOKEN_BLOCK == 0
+            and K % (2 * TOKEN_BLOCK) == 0)
+
+
+def swiglu_fp8_bwd_quant(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, scale_format: str, fmt: str,
+                         loads: int = 2):
+    """swiglu_fp8_bwd(q, s, dy2, bf16) quantized per token in both layouts, dh never written: (q [M, 2F],
+    scales, q^T [2F, M], scales), the layouts of quantize_token_triton(rows=True, cols=True), by
+    quant_both.cu; where that library is not built (no nvcc, INFIR_CUDA_KERNELS=0), by the unfused pair.
+    loads: rows loaded ahead per thread, 2 or 4 (4 spills a few registers: ptxas -v)."""
+    if cuda_build.load("quant_both", q.device) is None:
+        a, b = qk.quantize_token_triton(swiglu_fp8_bwd(q, s, dy2, torch.bfloat16), scale_format, fmt, rows=True, cols=True)
+        return a.data, a.scale, b.data, b.scale
+    fn = qk._cuda_fn("infir_swiglu_bwd_quant_both", q.device)
+    if dy2.stride(1) != 1 or dy2.stride(0) % 8 or dy2.data_ptr() % 16:
+        dy2 = dy2.contiguous()
+    q, s = q.contiguous(), s.contiguous()
+    M, K = q.shape
+    dt, dev, f32 = get_format(fmt).dtype, q.device, torch.float32
+    out = torch.empty((M, K), dtype=dt, device=dev)
+    so = torch.empty_strided((M, K // TOKEN_BLOCK), (1, M), dtype=f32, device=dev)
+    qt = torch.empty((K, M), dtype=dt, device=dev)
+    st = torch.empty_strided((K, M // TOKEN_BLOCK), (1, K), dtype=f32, device=dev)
+    err = fn(q.data_ptr(), s.data_ptr(), int(q.dtype == torch.float8_e5m2), dy2.data_ptr(), dy2.stride(0),
+             out.data_ptr(), so.data_ptr(), qt.data_ptr(), st.data_ptr(), M, K // 2, int(scale_format == "ue8m0"),
+             int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(dev.index))
+    if err:
+        raise RuntimeError(f"quant_both.cu's SwiGLU backward failed with cudaError {err} at h {tuple(q.shape)}")
+    return out, so, qt, st
