@@ -37,6 +37,8 @@ from .linear import quantize_operand
 from .oplib import define_op
 from .quantize import TOKEN_BLOCK, QTensor, transposed
 from .recipe import Recipe
+from .swiglu import (fused_backward_quantize_ok, swiglu_fp8_backward, swiglu_fp8_backward_quantized,
+                     swiglu_fp8_forward)
 
 
 def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
@@ -196,12 +198,13 @@ class TracedFp8Linear(torch.autograd.Function):
     the sequence-parallel group's name and size, or None and 1: with a group, x is this rank's shard
     of the sequence and Y covers the whole sequence (per-token activations only: their quantization
     groups never straddle two shards when each holds a multiple of 128 tokens). Last, to_main_grad
-    (see traced_linear).
+    and the SwiGLU epilogue's (scale_format, fmt), or None and None (see traced_linear).
     """
 
     @staticmethod
     def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, w_gran: str, act_gran: str, grad_gran: str,
-                scale_format: str, fmt: str, sp_group: str | None, sp_size: int, to_main_grad: bool):
+                scale_format: str, fmt: str, sp_group: str | None, sp_size: int, to_main_grad: bool,
+                swiglu_sf: str | None, swiglu_fmt: str | None):
         need_wgrad = ctx.needs_input_grad[1]
         (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
         if sp_group is not None:  # X^T's shards stay local until backward
@@ -209,13 +212,19 @@ class TracedFp8Linear(torch.autograd.Function):
         y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype, False, w_mm)
         if bias is not None:
             y = y + bias.to(y.dtype)
-        ctx.has_w_mm_t = w_mm_t is not None
+        ctx.swiglu = None if swiglu_sf is None else (swiglu_sf, swiglu_fmt)
+        saved = {"w": w, "w_scale": w_scale, "w_mm_t": w_mm_t}
+        if ctx.swiglu is not None:  # the SwiGLU epilogue: y = swiglu(h), h kept in FP8 (swiglu.py)
+            y, saved["qh"], saved["sh"] = swiglu_fp8_forward(y, swiglu_sf, swiglu_fmt)
         ctx.to_main_grad = to_main_grad and need_wgrad
-        saved = [w, w_scale] + ([w_mm_t] if ctx.has_w_mm_t else []) + ([weight] if ctx.to_main_grad else [])
+        if ctx.to_main_grad:
+            saved["weight"] = weight
         if xt is not None:
-            saved += [xt[0], xt[1]]
+            saved["xt"], saved["xt_scale"] = xt[0], xt[1]
             ctx.xt_gran = xt[2]
-        ctx.save_for_backward(*saved)
+        saved = {k: t for k, t in saved.items() if t is not None}
+        ctx.saved_names = tuple(saved)
+        ctx.save_for_backward(*saved.values())
         ctx.w_gran, ctx.grad_gran, ctx.scale_format, ctx.fmt = w_gran, grad_gran, scale_format, fmt
         ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
         ctx.sp_group, ctx.sp_size = sp_group, sp_size
@@ -224,39 +233,49 @@ class TracedFp8Linear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        saved = ctx.saved_tensors  # indexed: on CUDA dynamo broke the graph at a list.pop() here
-        w, w_scale, w_mm_t = saved[0], saved[1], (saved[2] if ctx.has_w_mm_t else None)
-        rest = 2 + ctx.has_w_mm_t
-        weight = saved[rest] if ctx.to_main_grad else None
-        xt = saved[rest + ctx.to_main_grad:]
+        saved = dict(zip(ctx.saved_names, ctx.saved_tensors))
         sp = ctx.sp_group is not None
         # Under SP, megatron's order: X^T's shards (saved unreduced: half the memory at TP=2) are gathered
         # around dY's quantization and dgrad, and dX's reduce-scatter around wgrad. On two H200s
         # (torch 2.11, NCCL) the profile still saw no collective beside a compute kernel.
         if sp and need_wgrad:
-            pending = _sp_gather_start(xt, 1, ctx.sp_group, ctx.sp_size)
-        (qdy, sdy, gdy), dyt = quantize_pair(dy, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols=need_wgrad)
+            pending = _sp_gather_start((saved["xt"], saved["xt_scale"]), 1, ctx.sp_group, ctx.sp_size)
+        (qdy, sdy, gdy), dyt = _grad_operands(ctx, saved, dy, need_wgrad)
         dx = None
         if need_dgrad:
-            dx = fp8_mm(qdy, sdy, gdy, w, w_scale, ctx.w_gran, ctx.x_dtype, True, w_mm_t)
+            dx = fp8_mm(qdy, sdy, gdy, saved["w"], saved["w_scale"], ctx.w_gran, ctx.x_dtype, True, saved.get("w_mm_t"))
             if sp:
                 dx = _sp_reduce_scatter_start(dx, ctx.sp_group, ctx.sp_size)
         dw = None
         if need_wgrad:
-            if sp:
-                xt = [_sp_gather_wait(p) for p in pending]
+            xt = [_sp_gather_wait(p) for p in pending] if sp else [saved["xt"], saved["xt_scale"]]
             if ctx.to_main_grad:
-                dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, weight)
+                dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, saved["weight"])
             else:  # dW in the weight's dtype, for autograd
                 dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype)
         if dx is not None and sp:
             dx = torch.ops._c10d_functional.wait_tensor(dx)
         db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
-        return dx, dw, None, None, None, None, db, None, None, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, db, None, None, None, None, None, None, None, None, None, None
+
+
+def _grad_operands(ctx, saved: dict, dy: torch.Tensor, cols: bool):
+    """The GEMM operands of the output gradient: dY quantized along N, and dY^T along the tokens
+    when `cols`. With the SwiGLU epilogue, dy is the gradient of swiglu(h), and the operands are
+    those of dh: one fused kernel (no bf16 dh in memory) where it applies, else dh, then quantized."""
+    if ctx.swiglu is None:
+        return quantize_pair(dy, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols)
+    qh, sh = saved["qh"], saved["sh"]
+    if ctx.grad_gran == "token" and cols and fused_backward_quantize_ok(qh, dy, ctx.x_dtype):
+        q, s, qt, st = swiglu_fp8_backward_quantized(qh, sh, dy, ctx.scale_format, ctx.fmt)
+        return (q, s, "token"), (qt, st, "token")
+    dh = swiglu_fp8_backward(qh, sh, dy, ctx.x_dtype, *ctx.swiglu)
+    return quantize_pair(dh, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols)
 
 
 def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe,
-                  sp_group: str | None = None, sp_size: int = 1, to_main_grad: bool = False) -> torch.Tensor:
+                  sp_group: str | None = None, sp_size: int = 1, to_main_grad: bool = False,
+                  swiglu: tuple[str, str] | None = None) -> torch.Tensor:
     """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operand (wq:
     WeightCache.get(weight, recipe), made outside the compiled region).
 
@@ -264,13 +283,19 @@ def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torc
     of the sequence (dim 0) and the result covers every rank's shard, as megatron's all-gather would.
     to_main_grad: the weight has megatron's FP32 `main_grad` and its grad hook skips what autograd
     gets (grad_added_to_main_grad): the wgrad GEMM adds into main_grad itself (fp8_wgrad_main_grad).
+    swiglu: (scale_format, fmt) of SwiGLU's saved input: the result is swiglu(x @ weight^T) (megatron's
+    gated FC1 output [gate, up]), with h saved in FP8 as swiglu.swiglu_fp8_input saves it, and the
+    backward turns dY into FC1's FP8 gradient operands directly (_grad_operands). Not with a bias.
     """
     if sp_group is not None and recipe.activation != "token":
         raise ValueError(f"the traced sequence-parallel FP8 gather takes per-token activations, not {recipe.activation!r}")
+    if swiglu is not None and bias is not None:
+        raise ValueError("the FP8 linear's SwiGLU epilogue takes no bias (its backward never forms dh for the bias "
+                         "gradient); apply swiglu.swiglu_fp8_input after the linear instead")
     k = x.shape[-1]
     # the scaled_mm scale layouts the weight cache made for a block weight; None for per-tensor weights
     w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
     y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias,
                               wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt,
-                              sp_group, sp_size, to_main_grad)
+                              sp_group, sp_size, to_main_grad, *(swiglu or (None, None)))
     return y.reshape(x.shape[0] * sp_size, *x.shape[1:-1], y.shape[-1])

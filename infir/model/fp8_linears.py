@@ -39,6 +39,7 @@ from infir.fp8.gemm import fp8_gemm
 from infir.fp8.linear import fp8_backward, quantize_operand
 from infir.fp8.formats import scale_from_amax
 from infir.fp8.quantize import QTensor
+from infir.fp8.swiglu import swiglu_fp8_input
 from infir.fp8.traced import traced_linear
 from infir.model.linears import ColumnLinear, RowLinear, column_input
 
@@ -59,6 +60,8 @@ class _Fp8(object):
     weight_refreshed = False
     # set by attach_weight_refresh where the weight has megatron's main_grad: the traced wgrad adds into it
     to_main_grad = False
+    # (scale_format, fmt) where this linear is a gated FC1 that applies SwiGLU itself (fp8_linear_classes)
+    swiglu: tuple[str, str] | None = None
 
     def _init_fp8(self):
         self.fp8_recipe = get_recipe(self.recipe_name)
@@ -73,7 +76,7 @@ class _Fp8(object):
         x = _activation_dtype(x)
         with torch.autocast(x.device.type, enabled=False):
             return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe, sp_group, sp_size,
-                                 self.to_main_grad)
+                                 self.to_main_grad, self.swiglu)
 
     def fp8_matmul(self, x, weight, bias):
         if self.traceable():
@@ -87,7 +90,11 @@ class _Fp8(object):
             y = fp8_linear(x, weight, bias, self.fp8_recipe, weight_cache=self.weight_cache)
         if self.monitor is not None and self.monitor.active:
             self.monitor.record(self, x, weight, y)
-        return y
+        return self._activation(y)
+
+    def _activation(self, h):
+        """The eager paths' SwiGLU, unfused (the traced path fuses it into the linear)."""
+        return h if self.swiglu is None else swiglu_fp8_input(h, *self.swiglu)
 
 
 class Fp8ColumnLinear(_Fp8, ColumnLinear):
@@ -114,7 +121,7 @@ class Fp8ColumnLinear(_Fp8, ColumnLinear):
             y = Fp8GatheredColumn.apply(x, weight, bias, self.fp8_recipe, self.weight_cache, tp_group)
         if self.monitor is not None and self.monitor.active:
             self.monitor.record(self, gather_from_sequence_parallel_region(x.detach(), group=tp_group), weight, y)
-        return y
+        return self._activation(y)
 
 
 class Fp8RowLinear(_Fp8, RowLinear):
@@ -236,10 +243,17 @@ class Fp8GatheredColumn(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-def fp8_linear_classes(recipe_name: str):
-    """Column/row classes bound to one recipe (megatron's ModuleSpec takes classes, not instances)."""
+def fp8_linear_classes(recipe_name: str, swiglu: tuple[str, str] | None = None):
+    """Column/row classes bound to one recipe (megatron's ModuleSpec takes classes, not instances).
+
+    swiglu: (scale_format, fmt) of SwiGLU's FP8-saved input; FC1 then gets its own class, which applies
+    SwiGLU itself (the MLP's activation must then be the identity): inside a compiled layer its
+    backward goes from dY straight to FC1's FP8 gradient operands (traced.traced_linear)."""
     from infir.model.spec import LinearClasses
 
     column = type(f"Fp8ColumnLinear_{recipe_name}", (Fp8ColumnLinear,), {"recipe_name": recipe_name})
     row = type(f"Fp8RowLinear_{recipe_name}", (Fp8RowLinear,), {"recipe_name": recipe_name})
-    return LinearClasses(column=column, row=row)
+    fc1 = None
+    if swiglu is not None:
+        fc1 = type(f"Fp8SwiGLUColumnLinear_{recipe_name}", (column,), {"swiglu": tuple(swiglu)})
+    return LinearClasses(column=column, row=row, fc1=fc1)

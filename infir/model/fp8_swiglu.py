@@ -1,23 +1,24 @@
-"""The MLP activation of FP8 recipes: SwiGLU that saves its input for the backward in FP8 (infir.fp8.swiglu).
+"""The MLP activation of FP8 recipes with SwiGLU's input saved in FP8: the identity, because FC1 applies
+SwiGLU itself (fp8_linears.fp8_linear_classes, infir.fp8.swiglu).
 
-megatron's MLP builds `MLPSubmodules.activation_func` as a module and applies it to the whole FC1
-output only when `use_te_activation_func` is set (the flag's name is historical: the module is ours,
-no Transformer Engine is involved), so the recipe sets that flag together with this module.
+Why in FC1 and not here: inside a compiled layer, FC1's backward then goes from dY of the SwiGLU output
+straight to FC1's FP8 gradient operands in one kernel, without writing dh (2 x ffn values a token,
+the widest gradient of the layer) in bf16 and reading it back to quantize it. megatron's MLP builds
+`MLPSubmodules.activation_func` as a module and applies it only when `use_te_activation_func` is set
+(the flag's name is historical: no Transformer Engine is involved), so the recipe sets that flag
+together with this module, which megatron's own SwiGLU would otherwise run after FC1.
 """
 from __future__ import annotations
 
 import torch
 
-from infir.fp8.swiglu import swiglu_fp8_input
 
-
-class Fp8InputSwiGLU(torch.nn.Module):
-    def __init__(self, config=None, *, scale_format: str = "ue8m0", fmt: str = "e4m3"):
+class SwiGLUInFc1(torch.nn.Module):
+    def __init__(self, config=None):
         super().__init__()
-        self.scale_format, self.fmt = scale_format, fmt
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return swiglu_fp8_input(h, self.scale_format, self.fmt)
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return y
 
     def extra_repr(self) -> str:
-        return f"saved input: {self.fmt}, 1x128 {self.scale_format} scales"
+        return "identity: linear_fc1 applies SwiGLU, its input saved in FP8"

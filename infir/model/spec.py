@@ -46,10 +46,12 @@ class AutocastLayer(TransformerLayer):
 
 @dataclass(frozen=True)
 class LinearClasses:
-    """Which module runs each projection. Column-parallel: QKV and FC1; row-parallel: proj and FC2."""
+    """Which module runs each projection. Column-parallel: QKV and FC1; row-parallel: proj and FC2.
+    fc1: FC1's own class where it differs from QKV's (an FP8 FC1 that applies SwiGLU itself)."""
 
     column: type = ColumnLinear
     row: type = RowLinear
+    fc1: type | None = None
 
 
 def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None) -> ModuleSpec:
@@ -72,7 +74,7 @@ def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | No
             pre_mlp_layernorm=RMSNorm,
             mlp=ModuleSpec(
                 module=MLP,
-                submodules=MLPSubmodules(linear_fc1=linears.column, linear_fc2=linears.row, activation_func=swiglu),
+                submodules=MLPSubmodules(linear_fc1=linears.fc1 or linears.column, linear_fc2=linears.row, activation_func=swiglu),
             ),
             mlp_bda=get_bias_dropout_add,
         ),

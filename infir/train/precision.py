@@ -40,15 +40,16 @@ def _fp8(name: str, fp8_swiglu_input: bool = False) -> PrecisionRecipe:
 
     from infir.fp8 import get_recipe as fp8_recipe
     from infir.model.fp8_linears import fp8_linear_classes
-    from infir.model.fp8_swiglu import Fp8InputSwiGLU
+    from infir.model.fp8_swiglu import SwiGLUInFc1
 
     # FP8 block GEMMs; embedding, attention, norms, LM head and loss stay BF16/FP32 (InfiR2, LLMQ).
-    swiglu = None
-    if fp8_swiglu_input:
-        r = fp8_recipe(name)
-        # 1x128 blocks whatever the recipe's GEMM granularity: this copy only feeds SwiGLU's backward.
-        swiglu = ModuleSpec(module=Fp8InputSwiGLU, params={"scale_format": r.scale_format, "fmt": r.fmt})
-    return PrecisionRecipe(name, torch.bfloat16, fp8_linear_classes(name), swiglu)
+    if not fp8_swiglu_input:
+        return PrecisionRecipe(name, torch.bfloat16, fp8_linear_classes(name))
+    r = fp8_recipe(name)
+    # 1x128 blocks whatever the recipe's GEMM granularity: this copy only feeds SwiGLU's backward.
+    # FC1 applies SwiGLU itself; the MLP's activation is then the identity (fp8_swiglu.py says why).
+    linears = fp8_linear_classes(name, swiglu=(r.scale_format, r.fmt))
+    return PrecisionRecipe(name, torch.bfloat16, linears, ModuleSpec(module=SwiGLUInFc1))
 
 
 def _te_blockwise() -> PrecisionRecipe:

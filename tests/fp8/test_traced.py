@@ -172,14 +172,18 @@ def quantize_token(x):
     return quantize(x, "token", "ue8m0")
 
 
-def _main_grad_runs(device, recipe_name, mode, steps=3):
+def _main_grad_runs(device, recipe_name, mode, steps=3, swiglu=None):
     """main_grad after `steps` fwd+bwd of one layer whose weight carries megatron's FP32 main_grad:
     through the eager Function, and through the compiled traced path with to_main_grad (under
-    `mode`, "reduce-overhead" being CUDA graphs). Also the compiled run's weight.grad and dX."""
+    `mode`, "reduce-overhead" being CUDA graphs). Also the compiled run's weight.grad and dX.
+    swiglu: the layer is a gated FC1 applying SwiGLU (its saved input's (scale_format, fmt)):
+    eager, SwiGLU runs after the linear; compiled, inside it (traced_linear's epilogue)."""
     from infir.model.fp8_linears import _Fp8, attach_weight_refresh
 
     recipe = get_recipe(recipe_name)
     x, w, _, dy = _inputs(device)
+    if swiglu is not None:
+        dy = dy[:, : dy.shape[1] // 2].contiguous()
     c0 = torch.randn(w.shape, device=device)  # what earlier micro-batches left in main_grad
 
     class Layer(_Fp8, torch.nn.Module):
@@ -188,6 +192,7 @@ def _main_grad_runs(device, recipe_name, mode, steps=3):
         def __init__(self):
             torch.nn.Module.__init__(self)
             self._init_fp8()
+            self.swiglu = swiglu
             self.weight = torch.nn.Parameter(w.clone())
             self.weight.main_grad = c0.clone()
 
@@ -209,7 +214,7 @@ def _main_grad_runs(device, recipe_name, mode, steps=3):
         fn = Model(layer)
         if name == "compiled":
             attach_weight_refresh(fn)
-            fn.layer = torch.compile(layer, backend="inductor", mode=mode)
+            fn.layer = torch.compile(layer, backend="inductor", mode=mode, fullgraph=True)  # no graph break
         for _ in range(steps):
             torch.compiler.cudagraph_mark_step_begin()
             xi = x.clone().requires_grad_(True)
@@ -244,3 +249,39 @@ def test_traced_wgrad_adds_into_main_grad_gpu(mode):
     (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
     assert torch.equal(got, ref), float((got - ref).abs().max())
     assert torch.equal(got_dx, ref_dx)
+
+
+@pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "moss"])
+def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe):
+    """FC1 with SwiGLU inside the compiled linear (its backward quantizes dh for FC1's GEMMs itself)
+    gives the eager linear-then-swiglu_fp8_input's dX and main_grad bit for bit."""
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        out, _ = _main_grad_runs("cpu", recipe, None, swiglu=("ue8m0", "e4m3"))
+    (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
+    assert torch.equal(got, ref), float((got - ref).abs().max())
+    assert torch.equal(got_dx, ref_dx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_traced_swiglu_epilogue_fused_matches_the_reference_gpu(mode, monkeypatch):
+    """On CUDA the compiled FC1's backward runs quant_both.cu's fused SwiGLU backward + quantizer
+    (asserted below), traced as one graph (fullgraph). Against the eager reference (SwiGLU's Triton kernels off on both sides), dX and
+    main_grad agree to the rare FP8 byte the fused kernel's fast sigmoid may flip
+    (test_swiglu.py), also replayed as a CUDA graph."""
+    from infir.fp8 import swiglu as sw
+    from infir.fp8.kernels import cuda_build
+    from infir.fp8.kernels import swiglu as ks
+
+    monkeypatch.setattr(cuda_build, "_LOADED", {})  # a library lookup while tracing would now stat files: a graph break
+    calls = []
+    fused = ks.swiglu_fp8_bwd_quant
+    monkeypatch.setattr(ks, "swiglu_fp8_bwd_quant", lambda *a: (calls.append(1), fused(*a))[1])
+    monkeypatch.setattr(sw, "_use_kernels", lambda h: False)
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        out, _ = _main_grad_runs("cuda", "fp8_blockwise_ue8m0", mode, swiglu=("ue8m0", "e4m3"))
+    assert calls, "the compiled backward did not take the fused kernel"
+    (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
+    assert (got_dx == ref_dx).float().mean() >= 0.99, float((got_dx != ref_dx).float().mean())
+    torch.testing.assert_close(got_dx.float(), ref_dx.float(), rtol=2e-2, atol=1e-3 * ref_dx.abs().max().item())
+    torch.testing.assert_close(got, ref, rtol=2e-2, atol=1e-3 * ref.abs().max().item())

@@ -136,11 +136,11 @@ def test_health_monitor_logs_every_fp8_layer_and_the_swiglu_output(demo_root, tm
 
 
 def test_fp8_swiglu_input_switch_builds_the_activation_and_trains(demo_root, tmp_path):
-    """precision.fp8_swiglu_input (on in the FP8 configs) puts infir's SwiGLU in every MLP through
-    megatron's activation submodule; off, megatron's own. Both train to nearly the same losses."""
+    """precision.fp8_swiglu_input (on in the FP8 configs) puts infir's SwiGLU into every FC1 (and the
+    identity in megatron's activation submodule); off, megatron's own. Both train to nearly the same losses."""
     import torch
 
-    from infir.model.fp8_swiglu import Fp8InputSwiGLU
+    from infir.model.fp8_swiglu import SwiGLUInFc1
     from infir.train import dist as distributed
     from infir.train.cli import compose
     from infir.train.loop import Trainer
@@ -153,8 +153,10 @@ def test_fp8_swiglu_input_switch_builds_the_activation_and_trains(demo_root, tmp
             trainer = Trainer(cfg)
             acts = [m.activation_func for m in trainer.model.modules() if type(m).__name__ == "MLP"]
             assert len(acts) == trainer.size.layers
-            assert all(isinstance(a, Fp8InputSwiGLU) for a in acts) == swiglu_fp8
+            assert all(isinstance(a, SwiGLUInFc1) for a in acts) == swiglu_fp8
             assert all(a is torch.nn.functional.silu for a in acts) != swiglu_fp8
+            fc1s = [m.linear_fc1 for m in trainer.model.modules() if type(m).__name__ == "MLP"]
+            assert all(f.swiglu == (("ue8m0", "e4m3") if swiglu_fp8 else None) for f in fc1s)
             losses[swiglu_fp8] = [trainer.train_step(i)["loss"] for i in range(4)]
         finally:
             distributed.shutdown()
