@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU host checks and times, in stages (name one per call where calls are time-limited):
 #   bash bench/gpu_suite.sh tests          pytest -m gpu over every module that holds gpu tests
-#   bash bench/gpu_suite.sh kernels        bench/quant.py, bench/linear.py, bench/wgrad_lt.py, bench/optim.py
+#   bash bench/gpu_suite.sh kernels        bench/quant.py (+ --swiglu), bench/linear.py, bench/wgrad_lt.py, bench/optim.py
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -49,6 +49,7 @@ for stage in "$@"; do
     tests) run tests python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -rl --include='*.py' "mark.gpu" tests | sort) ;;
     kernels)
       run quant python3 bench/quant.py --out "$OUT/quant.md"
+      run quant_swiglu python3 bench/quant.py --swiglu --out "$OUT/quant_swiglu.md"
       run linear python3 bench/linear.py --out "$OUT/linear.md"
       run linear_compiled python3 bench/linear.py --compiled --cached-weight --torchao "" --out "$OUT/linear_compiled.md"
       run linear_graph python3 bench/linear.py --cuda-graph --cached-weight --torchao "" --out "$OUT/linear_graph.md"

@@ -84,9 +84,15 @@ def classify(name: str) -> str:
         return "attention"
     if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90")):
         return "gemm"
+    if "swiglu" in n and "quant_token_both" in n:
+        # SwiGLU's backward fused with the quantizer of FC1's gradient (quant_both.cu's SwigluBwdRows):
+        # its own class, so that neither the quantize nor the elementwise share hides it
+        return "swiglu+quantize (fused)"
     if "swiglu" in n:  # FP8 recipes' SwiGLU kernels (which also quantize its saved input) replace BF16's fused one
         return "elementwise/other"
-    if any(k in n for k in ("quant", "fp8", "cast_to")):
+    # inductor's own kernels are named after the graph nodes around them: an RMSNorm feeding the
+    # quantize op came out as triton_red_fused_..._fp8_quantize_pair_mean_..._rsqrt (ours: _quant_*, quant_*)
+    if any(k in n for k in ("quant", "fp8", "cast_to")) and not n.startswith("triton_"):
         return "quantize"
     if any(k in n for k in ("nll", "cross_entropy", "log_softmax", "softmax")):
         return "loss"

@@ -18,9 +18,15 @@ def _kernel(name, start, end, device=CUDA):
     return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
 
 
-def test_nccl_kernels_are_communication_and_gemms_are_not():
+def test_kernel_classes_of_the_profile():
     assert step.classify("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "communication"
     assert step.classify("nvjet_sm90_qqtst_128x128_128x6_2x1_v_bz_coopA_algo2_Ablk128_Bvec128_TNN") == "gemm"
+    both = "void (anonymous namespace)::quant_token_both<(anonymous namespace)::{}, true, false, 4>(...)"
+    assert step.classify(both.format("Bf16Rows")) == "quantize"
+    assert step.classify(both.format("SwigluBwdRows")) == "swiglu+quantize (fused)"
+    assert step.classify("_swiglu_fp8_bwd_kernel") == "elementwise/other"
+    assert step.classify("_quant_rows_kernel") == "quantize"
+    assert step.classify("triton_red_fused__to_copy_add_fp8_quantize_pair_mean_mul_pow_rsqrt_view_0") != "quantize"
 
 
 def test_exposed_communication_counts_only_time_without_compute(capsys):
