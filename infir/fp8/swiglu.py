@@ -13,7 +13,8 @@ On CUDA (and in Triton's interpreter) two Triton kernels run it (kernels/swiglu.
 forward, one over the FP8 copy backward), as opaque ops (oplib.py) so that a compiled layer keeps them whole;
 elsewhere, and for ffn sizes not a multiple of 128, the torch reference below. Where FC1 runs in FP8 and
 SwiGLU is fused into it (infir.fp8.traced), the backward goes straight to FC1's FP8 gradient operands
-(swiglu_fp8_backward_quantized): dh is never written in bf16.
+(swiglu_fp8_backward_quantized): dh is never written in bf16; and the forward straight to FC2's FP8
+input operands (swiglu_fp8_forward_quantized): nor is y.
 """
 from __future__ import annotations
 
@@ -72,9 +73,23 @@ def _bwd_quant_fake(q, scale, dy2, scale_format, fmt):
             q.new_empty((k, m), dtype=dt), q.new_empty((m // TOKEN_BLOCK, k), dtype=f32).t())
 
 
+def _fwd_quant(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scale_format: str, fmt: str):
+    from .kernels.swiglu import swiglu_fp8_fwd_quant
+
+    return swiglu_fp8_fwd_quant(h2, h_scale_format, h_fmt, scale_format, fmt)
+
+
+def _fwd_quant_fake(h2, h_scale_format, h_fmt, scale_format, fmt):
+    m, k = h2.shape
+    _, qh, sh = _fwd_fake(h2, h_scale_format, h_fmt)
+    return (qh, sh, *_bwd_quant_fake(h2.new_empty((m, k // 2), dtype=get_format(fmt).dtype), None, None, scale_format, fmt))
+
+
 _fwd_op = define_op("swiglu_fp8_fwd", "(Tensor h2, str scale_format, str fmt) -> (Tensor, Tensor, Tensor)", _fwd, _fwd_fake)
 _bwd_op = define_op("swiglu_fp8_bwd", "(Tensor q, Tensor scale, Tensor dy2, ScalarType out_dtype) -> Tensor", _bwd,
                     lambda q, scale, dy2, out_dtype: q.new_empty(q.shape, dtype=out_dtype))
+_fwd_quant_op = define_op("swiglu_fp8_fwd_quant", "(Tensor h2, str h_scale_format, str h_fmt, str scale_format, "
+                          "str fmt) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)", _fwd_quant, _fwd_quant_fake)
 _bwd_quant_op = define_op("swiglu_fp8_bwd_quant", "(Tensor q, Tensor scale, Tensor dy2, str scale_format, str fmt) "
                           "-> (Tensor, Tensor, Tensor, Tensor)", _bwd_quant, _bwd_quant_fake)
 
@@ -92,6 +107,21 @@ def swiglu_fp8_forward(h2: torch.Tensor, scale_format: str, fmt: str):
         return _fwd_op(h2, scale_format, fmt)
     q = quantize_token_ref(h2, get_format(fmt), scale_format)
     return swiglu(h2), q.data, q.scale
+
+
+def fused_forward_quantize_ok(h2: torch.Tensor) -> bool:
+    """Whether swiglu_fp8_forward_quantized takes h2 (fused by kernels/quant_both.cu where it is
+    built). Trace-safe: shapes, dtypes and devices only."""
+    from .kernels.swiglu import fwd_quant_ok
+
+    return fwd_quant_ok(h2)
+
+
+def swiglu_fp8_forward_quantized(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scale_format: str, fmt: str):
+    """swiglu_fp8_forward(h2, ...) with y quantized per token in both layouts by one kernel that never
+    writes y: (h2's FP8 data, its scales, y's q [M, F], its scales, q^T [F, M], its scales), y's as the
+    token quantizers lay them out. Only where fused_forward_quantize_ok."""
+    return _fwd_quant_op(h2, h_scale_format, h_fmt, scale_format, fmt)
 
 
 def swiglu_fp8_backward(data: torch.Tensor, scale: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype,

@@ -231,3 +231,76 @@ def test_gpu_fused_backward_quantizer_falls_back_without_the_cuda_library(monkey
     _, ref, ref_t = _fused_reference(q, s, dy, "ue8m0", "e4m3", "ue8m0", "e4m3")
     _assert_nearly_same_q(QTensor(got[0], got[1], "token"), ref)
     _assert_nearly_same_q(QTensor(got[2], got[3], "token"), ref_t)
+
+
+def _fused_forward_reference(h, h_scale_format, h_fmt, scale_format, fmt):
+    """What the fused forward must give: h's token quantization (bit for bit), and y = swiglu(h) in
+    h's dtype (torch's ops), then the reference token quantizer in both layouts."""
+    from infir.fp8.quantize import quantize_reference
+
+    y = swiglu(h).cpu()
+    return (quantize_token_ref(h.cpu(), get_format(h_fmt), h_scale_format),
+            quantize_reference(y, "token", scale_format, fmt), quantize_reference(y.t(), "token", scale_format, fmt))
+
+
+def _check_fused_forward(got, h, h_sf, h_fmt, sf, fmt):
+    qh, sh, q, s, qt, st = got
+    ref_h, ref, ref_t = _fused_forward_reference(h, h_sf, h_fmt, sf, fmt)
+    assert torch.equal(qh.view(torch.uint8).cpu(), ref_h.data.view(torch.uint8)), "h's FP8 copy differs"
+    torch.testing.assert_close(sh.cpu(), ref_h.scale, rtol=0, atol=0, equal_nan=True)
+    _assert_nearly_same_q(QTensor(q, s, "token", sf, fmt), ref)
+    _assert_nearly_same_q(QTensor(qt, st, "token", sf, fmt), ref_t)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8192, 4864), (256, 8960), (1152, 128)])
+def test_gpu_fused_forward_quantizer_matches_the_reference(shape):
+    """kernels/quant_both.cu's SwiGLU forward + both-layouts quantizer of y (FC2's operands), with h's
+    FP8 copy written on the way: that copy equal to the token quantizer's bit for bit, y's operands
+    all but a rare byte (the fast exp and division), for every scale and FP8 format of y and of h, a
+    row-strided h, both loads variants; NaN, infinities and an all-zero block in h give the
+    reference's NaN positions and zeros. The allocator is first filled with 0x7F so that a skipped store shows."""
+    from qcheck import rand
+
+    from infir.fp8.kernels import cuda_build
+    from infir.fp8.kernels import swiglu as ks
+    from infir.fp8.swiglu import fused_forward_quantize_ok, swiglu_fp8_forward_quantized
+
+    assert cuda_build.load("quant_both", torch.device("cuda")) is not None, "quant_both.cu did not build here"
+    garbage = torch.full((1 << 28,), 0x7F, dtype=torch.uint8, device="cuda")
+    del garbage
+    m, f = shape
+    wide = rand((m, 2 * f + 128), device="cuda")
+    for h in (wide[:, : 2 * f], wide[:, 128:].contiguous()):
+        assert fused_forward_quantize_ok(h)
+        for h_sf, h_fmt in (("ue8m0", "e4m3"), ("fp32", "e5m2")):
+            for sf in ("ue8m0", "fp32"):
+                for fmt in ("e4m3", "e5m2"):
+                    for loads in (2, 4):
+                        _check_fused_forward(ks.swiglu_fp8_fwd_quant(h, h_sf, h_fmt, sf, fmt, loads), h, h_sf, h_fmt,
+                                             sf, fmt)
+    h = wide[:, : 2 * f].contiguous()
+    h[:128, :128] = 0  # gate's block 0 all zero: y's too
+    h[130, 3], h[131, f + 5], h[200, 7] = float("nan"), float("inf"), -float("inf")
+    qh, sh, q, s, qt, st = swiglu_fp8_forward_quantized(h, "ue8m0", "e4m3", "ue8m0", "e4m3")
+    _, ref, ref_t = _fused_forward_reference(h, "ue8m0", "e4m3", "ue8m0", "e4m3")
+    for g, r in zip((QTensor(q, s, "token"), QTensor(qt, st, "token")), (ref, ref_t)):
+        dg, dr = dequantize(g).cpu(), dequantize(r)
+        assert torch.equal(torch.isnan(dg), torch.isnan(dr)) and torch.isnan(dr).any()
+    assert (dequantize(QTensor(q, s, "token")).cpu()[:128, :128] == 0).all()
+    assert (dequantize(QTensor(qt, st, "token")).cpu()[:128, :128] == 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_fused_forward_quantizer_falls_back_without_the_cuda_library(monkeypatch):
+    """With INFIR_CUDA_KERNELS=0 the op runs Triton's SwiGLU forward, then the Triton quantizer."""
+    from qcheck import rand
+
+    from infir.fp8.kernels import cuda_build
+    from infir.fp8.kernels import swiglu as ks
+
+    monkeypatch.setenv("INFIR_CUDA_KERNELS", "0")
+    assert cuda_build.load("quant_both", torch.device("cuda")) is None
+    h = rand((256, 2 * 384), device="cuda")
+    _check_fused_forward(ks.swiglu_fp8_fwd_quant(h, "ue8m0", "e4m3", "ue8m0", "e4m3"), h, "ue8m0", "e4m3", "ue8m0",
+                         "e4m3")

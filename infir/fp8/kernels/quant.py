@@ -669,6 +669,10 @@ _CUDA_ENTRY = {
     # qh, sh, h_e5m2, dy, ldy, 4 outputs, M, F, 3 options, stream
     "infir_swiglu_bwd_quant_both": ("quant_both", "infir_quant_token_both_init",
                                     [_VP, _VP, _I32, _VP, _I64, _VP, _VP, _VP, _VP, _I32, _I32, _I32, _I32, _I32, _VP]),
+    # h, ldh, qh, sh, h_ue8m0, h_e5m2, 4 outputs, M, F, 3 options, stream
+    "infir_swiglu_fwd_quant_both": ("quant_both", "infir_quant_token_both_init",
+                                    [_VP, _I64, _VP, _VP, _I32, _I32, _VP, _VP, _VP, _VP, _I32, _I32, _I32, _I32, _I32,
+                                     _VP]),
 }
 
 

@@ -25,6 +25,12 @@
 // --swiglu, BENCHMARKS.md). After the bf16 and FP8 roundings the bytes rarely differ from the
 // reference's (tests/fp8/test_swiglu.py bounds how rarely).
 //
+// And SwiGLU's forward (infir_swiglu_fwd_quant_both): y = silu(gate) * up from h = FC1's bf16 output,
+// quantized into FC2's fprop and wgrad operands, with h's FP8 copy for the backward written on the way
+// (the row quantizer's bytes). Unfused, y went out in bf16 and came back for FC2's quantizer: a third
+// of the pair's traffic. y's values are the Triton forward's (swiglu.py's kernel): silu rounded to bf16,
+// then the product; the exp and division are the fast ones, as there.
+//
 // Shapes: M and K multiples of 128, rows 16-byte aligned (the caller checks and falls back to Triton).
 // Layouts (those scaled_mm reads): q [M, K]; s (M, K/128) at s[kb * M + m]; qt [K, M];
 // st (K, M/128) at st[mb * K + k].
@@ -58,13 +64,44 @@ __device__ __forceinline__ float quot(float x, float s, float inv) {
   return UE8M0 ? x * inv : __fdiv_rn(x, s);
 }
 
+// 8 values of a row of 128, its other 120 in the 15 lanes beside this one (lanes 16-aligned): the
+// row's amax over the 16 lanes, its scale (stored by the row's first lane), the 8 FP8 bytes.
+template <bool UE8M0, bool E5M2>
+__device__ __forceinline__ void quant_row8(const uint4& v, uint8_t* dst, float* s_dst, bool first_lane) {
+  constexpr float FMAX = E5M2 ? 57344.f : 448.f;
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  float f[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float2 p = bf16x2_to_float2(w[j]);
+    f[2 * j] = p.x;
+    f[2 * j + 1] = p.y;
+  }
+  float a = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) a = fmaxf(a, abs_nan_inf(f[j]));
+#pragma unroll
+  for (int o = 8; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+  const float sc = scale_from_amax<UE8M0>(a, FMAX);
+  const float inv = UE8M0 ? inv_pow2(sc) : 0.f;
+  uint2 out;
+  out.x = fp8x2<E5M2>(quot<UE8M0>(f[0], sc, inv), quot<UE8M0>(f[1], sc, inv)) |
+          (fp8x2<E5M2>(quot<UE8M0>(f[2], sc, inv), quot<UE8M0>(f[3], sc, inv)) << 16);
+  out.y = fp8x2<E5M2>(quot<UE8M0>(f[4], sc, inv), quot<UE8M0>(f[5], sc, inv)) |
+          (fp8x2<E5M2>(quot<UE8M0>(f[6], sc, inv), quot<UE8M0>(f[7], sc, inv)) << 16);
+  *reinterpret_cast<uint2*>(dst) = out;
+  if (first_lane) *s_dst = sc;
+}
+
 // Where a block's TILES 128x128 bf16 tiles come from. For each row and 8 consecutive columns of its
-// tiles, a source loads the inputs (load), then makes the 8 bf16 values of every tile (values).
-// out_block(bx, t): the output's 128-column block of tile t for the launch's column index bx.
+// tiles, a source loads the inputs (load), then makes the 8 bf16 values of every tile (values: given
+// the row, the launch's column index and the column, for side outputs). out_block(bx, t): the
+// output's 128-column block of tile t for the launch's column index bx. LOADS_LO / LOADS_HI: the two
+// LOADS the launcher instantiates (more rows ahead than the registers hold would spill).
 
 // X itself: one tile a block.
 struct Bf16Rows {
-  static constexpr int TILES = 1;
+  static constexpr int TILES = 1, LOADS_LO = 4, LOADS_HI = 8;
   const __nv_bfloat16* x;
   long long ldx;
   using Raw = uint4;
@@ -72,7 +109,7 @@ struct Bf16Rows {
   __device__ __forceinline__ Raw load(long long m, int bx, int c) const {
     return __ldg(reinterpret_cast<const uint4*>(x + m * ldx + (long long)bx * TILE + c));
   }
-  __device__ __forceinline__ void values(const Raw& r, uint4 (&v)[TILES]) const { v[0] = r; }
+  __device__ __forceinline__ void values(const Raw& r, uint4 (&v)[TILES], long long, int, int) const { v[0] = r; }
 };
 
 __device__ __forceinline__ float2 fp8x2_to_float2(uint16_t v, bool e5m2) {
@@ -84,7 +121,7 @@ __device__ __forceinline__ float2 fp8x2_to_float2(uint16_t v, bool e5m2) {
 // (1x128 scales, row-major [M, 2F/128]) and dY [M, F]: block j's two tiles are dgate's block j and
 // dup's block nfb + j, so each input is read once and each sigmoid computed once.
 struct SwigluBwdRows {
-  static constexpr int TILES = 2;
+  static constexpr int TILES = 2, LOADS_LO = 2, LOADS_HI = 4;
   const uint8_t* qh;
   const float* sh;
   const __nv_bfloat16* dy;
@@ -107,7 +144,7 @@ struct SwigluBwdRows {
     r.su = __ldg(sh + m * 2 * nfb + nfb + j);
     return r;
   }
-  __device__ __forceinline__ void values(const Raw& r, uint4 (&v)[TILES]) const {
+  __device__ __forceinline__ void values(const Raw& r, uint4 (&v)[TILES], long long, int, int) const {
     const uint32_t gw[2] = {r.g.x, r.g.y}, uw[2] = {r.u.x, r.u.y}, dw[4] = {r.d.x, r.d.y, r.d.z, r.d.w};
     uint32_t dg[4], du[4];
 #pragma unroll
@@ -132,6 +169,52 @@ struct SwigluBwdRows {
     }
     v[0] = make_uint4(dg[0], dg[1], dg[2], dg[3]);
     v[1] = make_uint4(du[0], du[1], du[2], du[3]);
+  }
+};
+
+// y = silu(g) * u of SwiGLU, h = [g, u] ([M, 2F] bf16, row stride ldh, F = nfb * 128): block j's tile
+// is y's block j, from h's blocks j and nfb + j, which it also writes as h's FP8 copy for the
+// backward (1x128 scales, qh [M, 2F], sh [M, 2F/128] row-major, in h's own formats).
+struct SwigluFwdRows {
+  static constexpr int TILES = 1, LOADS_LO = 2, LOADS_HI = 4;
+  const __nv_bfloat16* h;
+  long long ldh;
+  int nfb;
+  uint8_t* qh;
+  float* sh;
+  bool h_ue8m0, h_e5m2;
+  struct Raw {
+    uint4 g, u;
+  };
+  __device__ __forceinline__ int out_block(int bx, int) const { return bx; }
+  __device__ __forceinline__ Raw load(long long m, int j, int c) const {
+    const __nv_bfloat16* row = h + m * ldh + (long long)j * TILE + c;
+    return Raw{__ldg(reinterpret_cast<const uint4*>(row)),
+               __ldg(reinterpret_cast<const uint4*>(row + (long long)nfb * TILE))};
+  }
+  __device__ __forceinline__ void store_h(const uint4& v, long long m, int block, int c) const {
+    uint8_t* dst = qh + m * 2 * nfb * TILE + (long long)block * TILE + c;
+    float* s_dst = sh + m * 2 * nfb + block;
+    if (h_ue8m0)
+      h_e5m2 ? quant_row8<true, true>(v, dst, s_dst, c == 0) : quant_row8<true, false>(v, dst, s_dst, c == 0);
+    else
+      h_e5m2 ? quant_row8<false, true>(v, dst, s_dst, c == 0) : quant_row8<false, false>(v, dst, s_dst, c == 0);
+  }
+  __device__ __forceinline__ void values(const Raw& r, uint4 (&v)[TILES], long long m, int j, int c) const {
+    store_h(r.g, m, j, c);
+    store_h(r.u, m, nfb + j, c);
+    const uint32_t gw[4] = {r.g.x, r.g.y, r.g.z, r.g.w}, uw[4] = {r.u.x, r.u.y, r.u.z, r.u.w};
+    uint32_t y[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 g2 = bf16x2_to_float2(gw[i]), u2 = bf16x2_to_float2(uw[i]);
+      // silu rounded to bf16 (torch's activation dtype), then the product rounded
+      const float s0 = __bfloat162float(__float2bfloat16_rn(__fdividef(g2.x, __fadd_rn(1.f, __expf(-g2.x)))));
+      const float s1 = __bfloat162float(__float2bfloat16_rn(__fdividef(g2.y, __fadd_rn(1.f, __expf(-g2.y)))));
+      const __nv_bfloat162 p = __floats2bfloat162_rn(__fmul_rn(s0, u2.x), __fmul_rn(s1, u2.y));
+      y[i] = *reinterpret_cast<const uint32_t*>(&p);
+    }
+    v[0] = make_uint4(y[0], y[1], y[2], y[3]);
   }
 };
 
@@ -163,35 +246,13 @@ __global__ void __launch_bounds__(TILE_THREADS * Src::TILES, 4 / Src::TILES) qua
     for (int i = 0; i < LOADS; ++i) {
       const int r = rsub + 16 * T * (LOADS * part + i);
       uint4 vals[T];
-      src.values(raw[i], vals);
+      src.values(raw[i], vals, m0 + r, bx, seg * 8);
 #pragma unroll
       for (int t = 0; t < T; ++t) {
         __nv_bfloat16(*xs)[XS_PITCH] = reinterpret_cast<__nv_bfloat16(*)[XS_PITCH]>(smem + t * TILE_SMEM);
         const long long k0 = (long long)src.out_block(bx, t) * TILE;
-        const uint4 v = vals[t];
-        *reinterpret_cast<uint4*>(&xs[r][seg * 8]) = v;
-        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-        float f[8];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float2 p = bf16x2_to_float2(w[j]);
-          f[2 * j] = p.x;
-          f[2 * j + 1] = p.y;
-        }
-        float a = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) a = fmaxf(a, abs_nan_inf(f[j]));
-#pragma unroll
-        for (int o = 8; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        const float sc = scale_from_amax<UE8M0>(a, FMAX);
-        const float inv = UE8M0 ? inv_pow2(sc) : 0.f;
-        uint2 out;
-        out.x = fp8x2<E5M2>(quot<UE8M0>(f[0], sc, inv), quot<UE8M0>(f[1], sc, inv)) |
-                (fp8x2<E5M2>(quot<UE8M0>(f[2], sc, inv), quot<UE8M0>(f[3], sc, inv)) << 16);
-        out.y = fp8x2<E5M2>(quot<UE8M0>(f[4], sc, inv), quot<UE8M0>(f[5], sc, inv)) |
-                (fp8x2<E5M2>(quot<UE8M0>(f[6], sc, inv), quot<UE8M0>(f[7], sc, inv)) << 16);
-        *reinterpret_cast<uint2*>(q + (m0 + r) * K + k0 + seg * 8) = out;
-        if (seg == 0) s[k0 / TILE * M + m0 + r] = sc;
+        *reinterpret_cast<uint4*>(&xs[r][seg * 8]) = vals[t];
+        quant_row8<UE8M0, E5M2>(vals[t], q + (m0 + r) * K + k0 + seg * 8, s + k0 / TILE * M + m0 + r, seg == 0);
       }
     }
   }
@@ -270,12 +331,8 @@ cudaError_t launch_one(const Src& src, int grid_x, void* q, void* s, void* qt, v
 template <class Src, bool UE8M0, bool E5M2>
 cudaError_t launch(const Src& src, int grid_x, void* q, void* s, void* qt, void* st, int M, int K, int loads,
                    cudaStream_t stream) {
-  if constexpr (Src::TILES == 1)
-    return loads >= 8 ? launch_one<Src, UE8M0, E5M2, 8>(src, grid_x, q, s, qt, st, M, K, stream)
-                      : launch_one<Src, UE8M0, E5M2, 4>(src, grid_x, q, s, qt, st, M, K, stream);
-  else
-    return loads >= 4 ? launch_one<Src, UE8M0, E5M2, 4>(src, grid_x, q, s, qt, st, M, K, stream)
-                      : launch_one<Src, UE8M0, E5M2, 2>(src, grid_x, q, s, qt, st, M, K, stream);
+  return loads >= Src::LOADS_HI ? launch_one<Src, UE8M0, E5M2, Src::LOADS_HI>(src, grid_x, q, s, qt, st, M, K, stream)
+                                : launch_one<Src, UE8M0, E5M2, Src::LOADS_LO>(src, grid_x, q, s, qt, st, M, K, stream);
 }
 
 template <class Src>
@@ -306,8 +363,9 @@ cudaError_t allow_smem_all() {
 // Once per device, before its first launch: a kernel must opt in to over 48 KB of shared memory
 // (a driver call, kept off the per-launch path).
 extern "C" int infir_quant_token_both_init() {
-  const cudaError_t errs[] = {allow_smem_all<Bf16Rows, 4>(), allow_smem_all<Bf16Rows, 8>(),
-                              allow_smem_all<SwigluBwdRows, 2>(), allow_smem_all<SwigluBwdRows, 4>()};
+  const cudaError_t errs[] = {allow_smem_all<Bf16Rows, 4>(),      allow_smem_all<Bf16Rows, 8>(),
+                              allow_smem_all<SwigluBwdRows, 2>(), allow_smem_all<SwigluBwdRows, 4>(),
+                              allow_smem_all<SwigluFwdRows, 2>(), allow_smem_all<SwigluFwdRows, 4>()};
   for (cudaError_t e : errs)
     if (e != cudaSuccess) return (int)e;
   return 0;
@@ -333,4 +391,16 @@ extern "C" int infir_swiglu_bwd_quant_both(const void* qh, const void* sh, int h
                           static_cast<const __nv_bfloat16*>(dy), ldy, F / TILE, h_e5m2 != 0};
   return (int)launch_any(src, F / TILE, q, s, qt, st, M, 2 * F, ue8m0, e5m2, loads,
                          static_cast<cudaStream_t>(stream));
+}
+
+// SwiGLU's output y [M, F] (SwigluFwdRows) quantized in both layouts, laid out as
+// infir_quant_token_both's, from h [M, 2F] bf16 (row stride ldh); h's FP8 copy to qh [M, 2F] and
+// sh [M, 2F/128] (row-major), with UE8M0 scales if h_ue8m0, in E5M2 if h_e5m2.
+extern "C" int infir_swiglu_fwd_quant_both(const void* h, long long ldh, void* qh, void* sh, int h_ue8m0, int h_e5m2,
+                                           void* q, void* s, void* qt, void* st, int M, int F, int ue8m0, int e5m2,
+                                           int loads, void* stream) {
+  if (M % TILE || F % TILE || M <= 0 || F <= 0) return (int)cudaErrorInvalidValue;
+  const SwigluFwdRows src{static_cast<const __nv_bfloat16*>(h), ldh, F / TILE, static_cast<uint8_t*>(qh),
+                          static_cast<float*>(sh), h_ue8m0 != 0, h_e5m2 != 0};
+  return (int)launch_any(src, F / TILE, q, s, qt, st, M, F, ue8m0, e5m2, loads, static_cast<cudaStream_t>(stream));
 }

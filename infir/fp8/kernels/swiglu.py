@@ -168,3 +168,42 @@ def swiglu_fp8_bwd_quant(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, sc
     if err:
         raise RuntimeError(f"quant_both.cu's SwiGLU backward failed with cudaError {err} at h {tuple(q.shape)}")
     return out, so, qt, st
+
+
+def fwd_quant_ok(h2: torch.Tensor) -> bool:
+    """Whether swiglu_fp8_fwd_quant takes h2: bf16 on a GPU with the hardware cast, M and F whole
+    128-blocks. Trace-safe, as bwd_quant_ok."""
+    M, K = h2.shape
+    return (h2.is_cuda and h2.dtype == torch.bfloat16 and not qk.SOFT_CAST and M % TOKEN_BLOCK == 0
+            and K % (2 * TOKEN_BLOCK) == 0)
+
+
+def swiglu_fp8_fwd_quant(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scale_format: str, fmt: str,
+                         loads: int = 2):
+    """swiglu_fp8_fwd(h2, h_scale_format, h_fmt) with y quantized per token in both layouts, y never
+    written: (h2's FP8 data [M, 2F], its scales [M, 2F/128] row-major, y's q [M, F], scales, q^T
+    [F, M], scales), y's in the layouts of quantize_token_triton(rows=True, cols=True), by
+    quant_both.cu; where that library is not built, by the unfused pair. loads: 2 or 4 rows ahead (2:
+    1.05-1.09x faster at the Qwen2.5 ffn sizes, bench/quant.py --swiglu)."""
+    if cuda_build.load("quant_both", h2.device) is None:
+        y, qh, sh = swiglu_fp8_fwd(h2, h_scale_format, h_fmt)
+        a, b = qk.quantize_token_triton(y, scale_format, fmt, rows=True, cols=True)
+        return qh, sh, a.data, a.scale, b.data, b.scale
+    fn = qk._cuda_fn("infir_swiglu_fwd_quant_both", h2.device)
+    if h2.stride(1) != 1 or h2.stride(0) % 8 or h2.data_ptr() % 16:
+        h2 = h2.contiguous()
+    M, K = h2.shape
+    F, dev, f32 = K // 2, h2.device, torch.float32
+    qh = torch.empty((M, K), dtype=get_format(h_fmt).dtype, device=dev)
+    sh = torch.empty((M, K // TOKEN_BLOCK), dtype=f32, device=dev)
+    dt = get_format(fmt).dtype
+    q = torch.empty((M, F), dtype=dt, device=dev)
+    s = torch.empty_strided((M, F // TOKEN_BLOCK), (1, M), dtype=f32, device=dev)
+    qt = torch.empty((F, M), dtype=dt, device=dev)
+    st = torch.empty_strided((F, M // TOKEN_BLOCK), (1, F), dtype=f32, device=dev)
+    err = fn(h2.data_ptr(), h2.stride(0), qh.data_ptr(), sh.data_ptr(), int(h_scale_format == "ue8m0"),
+             int(h_fmt == "e5m2"), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), M, F,
+             int(scale_format == "ue8m0"), int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(dev.index))
+    if err:
+        raise RuntimeError(f"quant_both.cu's SwiGLU forward failed with cudaError {err} at h {tuple(h2.shape)}")
+    return qh, sh, q, s, qt, st
