@@ -28,6 +28,7 @@ inside its GEMM op and frees them after, as the eager path does.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -37,8 +38,8 @@ from .linear import quantize_operand
 from .oplib import define_op
 from .quantize import TOKEN_BLOCK, QTensor, transposed
 from .recipe import Recipe
-from .swiglu import (fused_backward_quantize_ok, swiglu_fp8_backward, swiglu_fp8_backward_quantized,
-                     swiglu_fp8_forward)
+from .swiglu import (fused_backward_quantize_ok, fused_forward_quantize_ok, swiglu_fp8_backward,
+                     swiglu_fp8_backward_quantized, swiglu_fp8_forward, swiglu_fp8_forward_quantized)
 
 
 def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
@@ -143,11 +144,16 @@ _quantize_pair_op = define_op(
     "-> (Tensor, Tensor, Tensor, Tensor)", _quantize_pair, _quantize_pair_fake)
 
 
+def _operand_gran(granularity: str) -> str:
+    """The GEMM's name for an activation granularity's operand (two-level comes folded to rows)."""
+    return "row" if granularity == "two_level" else granularity
+
+
 def quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
     """(data, scale, granularity) of x2 along K, and of x2^T along M when `cols`: the operands of
     linear.quantize_operand (Triton on CUDA, the reference elsewhere), as one opaque op in a graph."""
     q, s, qt, st = _quantize_pair_op(x2, granularity, scale_format, fmt, cols)
-    gran = "row" if granularity == "two_level" else granularity
+    gran = _operand_gran(granularity)
     return (q, s, gran), ((qt, st, gran) if cols else None)
 
 
@@ -189,74 +195,153 @@ def _sp_reduce_scatter_start(t: torch.Tensor, group: str, world: int) -> torch.T
     return torch.ops._c10d_functional.reduce_scatter_tensor(t.contiguous(), "sum", world, group)
 
 
+class Fp8SwiGLUOutput(NamedTuple):
+    """FC1's output where SwiGLU is its epilogue and FC2 takes y in FP8 (traced_linear(fp8_out=True)):
+    y's FP8 operands for FC2 (along F, and y^T along the tokens for FC2's wgrad), and `anchor`, a
+    tensor of y's shape and dtype, never written, that carries y's gradient from FC2 back to FC1 for
+    autograd. megatron's MLP hands it from FC1 to FC2 untouched (its activation is then the identity)."""
+
+    anchor: torch.Tensor
+    q: torch.Tensor
+    scale: torch.Tensor
+    qt: torch.Tensor
+    scale_t: torch.Tensor
+    granularity: str
+
+
+def _forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, x_ops, w_gran, act_gran, grad_gran, scale_format, fmt,
+             sp_group, sp_size, to_main_grad, swiglu):
+    """The shared forward of the traced Functions: FC's output before any epilogue, and the tensors
+    to save (a dict the caller may extend, then gives to _save). x_ops: x's operands already
+    quantized ((q, s, gran), (qt, st, gran)), x then being only y's anchor (Fp8SwiGLUOutput)."""
+    need_wgrad = ctx.needs_input_grad[1]
+    if x_ops is None:
+        (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
+    else:
+        (qx, sx, gx), xt = x_ops
+    if sp_group is not None:  # X^T's shards stay local until backward
+        qx, sx = [_sp_gather_wait(p) for p in _sp_gather_start((qx, sx), 0, sp_group, sp_size)]
+    y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype, False, w_mm)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    ctx.swiglu = swiglu
+    saved = {"w": w, "w_scale": w_scale, "w_mm_t": w_mm_t}
+    ctx.to_main_grad = to_main_grad and need_wgrad
+    if ctx.to_main_grad:
+        saved["weight"] = weight
+    if need_wgrad and xt is not None:
+        saved["xt"], saved["xt_scale"] = xt[0], xt[1]
+        ctx.xt_gran = xt[2]
+    ctx.w_gran, ctx.grad_gran, ctx.scale_format, ctx.fmt = w_gran, grad_gran, scale_format, fmt
+    ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
+    ctx.sp_group, ctx.sp_size = sp_group, sp_size
+    return y, saved
+
+
+def _save(ctx, saved: dict) -> None:
+    saved = {k: t for k, t in saved.items() if t is not None}
+    ctx.saved_names = tuple(saved)
+    ctx.save_for_backward(*saved.values())
+
+
+def _backward(ctx, dy):
+    """dX, dW (or main_grad's placeholder) and d(bias) of the traced Functions."""
+    need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    saved = dict(zip(ctx.saved_names, ctx.saved_tensors))
+    sp = ctx.sp_group is not None
+    # Under SP, megatron's order: X^T's shards (saved unreduced: half the memory at TP=2) are gathered
+    # around dY's quantization and dgrad, and dX's reduce-scatter around wgrad. On two H200s
+    # (torch 2.11, NCCL) the profile still saw no collective beside a compute kernel.
+    if sp and need_wgrad:
+        pending = _sp_gather_start((saved["xt"], saved["xt_scale"]), 1, ctx.sp_group, ctx.sp_size)
+    (qdy, sdy, gdy), dyt = _grad_operands(ctx, saved, dy, need_wgrad)
+    dx = None
+    if need_dgrad:
+        dx = fp8_mm(qdy, sdy, gdy, saved["w"], saved["w_scale"], ctx.w_gran, ctx.x_dtype, True, saved.get("w_mm_t"))
+        if sp:
+            dx = _sp_reduce_scatter_start(dx, ctx.sp_group, ctx.sp_size)
+    dw = None
+    if need_wgrad:
+        xt = [_sp_gather_wait(p) for p in pending] if sp else [saved["xt"], saved["xt_scale"]]
+        if ctx.to_main_grad:
+            dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, saved["weight"])
+        else:  # dW in the weight's dtype, for autograd
+            dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype)
+    if dx is not None and sp:
+        dx = torch.ops._c10d_functional.wait_tensor(dx)
+    db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
+    return dx, dw, db
+
+
 class TracedFp8Linear(torch.autograd.Function):
     """Y = X W^T with fprop, dgrad and wgrad in FP8, as Fp8LinearFunction, for torch.compile.
 
     Inputs: x [M, K] (activation dtype), weight [N, K] (only for its gradient's dtype and shape),
     w / w_scale (W quantized along K), w_mm / w_mm_t (W's and W^T's scales in scaled_mm's layout, or
-    None), bias or None, then the recipe's fields as plain values (dynamo specialises on them), then
-    the sequence-parallel group's name and size, or None and 1: with a group, x is this rank's shard
-    of the sequence and Y covers the whole sequence (per-token activations only: their quantization
-    groups never straddle two shards when each holds a multiple of 128 tokens). Last, to_main_grad
-    and the SwiGLU epilogue's (scale_format, fmt), or None and None (see traced_linear).
+    None), bias or None; x's operands already quantized (FC2 after FC1's FP8 output, x then being its
+    anchor: q, scale, q^T, scale^T, granularity) or five Nones; then the recipe's fields as plain
+    values (dynamo specialises on them), then the sequence-parallel group's name and size, or None
+    and 1: with a group, x is this rank's shard of the sequence and Y covers the whole sequence
+    (per-token activations only: their quantization groups never straddle two shards when each holds
+    a multiple of 128 tokens). Last, to_main_grad and the SwiGLU epilogue's (scale_format, fmt), or
+    None and None (see traced_linear).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, w_gran: str, act_gran: str, grad_gran: str,
-                scale_format: str, fmt: str, sp_group: str | None, sp_size: int, to_main_grad: bool,
+    def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, xq, xs, xqt, xst, x_gran, w_gran: str, act_gran: str,
+                grad_gran: str, scale_format: str, fmt: str, sp_group: str | None, sp_size: int, to_main_grad: bool,
                 swiglu_sf: str | None, swiglu_fmt: str | None):
-        need_wgrad = ctx.needs_input_grad[1]
-        (qx, sx, gx), xt = quantize_pair(x, act_gran, scale_format, fmt, cols=need_wgrad)
-        if sp_group is not None:  # X^T's shards stay local until backward
-            qx, sx = [_sp_gather_wait(p) for p in _sp_gather_start((qx, sx), 0, sp_group, sp_size)]
-        y = fp8_mm(qx, sx, gx, w, w_scale, w_gran, x.dtype, False, w_mm)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
-        ctx.swiglu = None if swiglu_sf is None else (swiglu_sf, swiglu_fmt)
-        saved = {"w": w, "w_scale": w_scale, "w_mm_t": w_mm_t}
-        if ctx.swiglu is not None:  # the SwiGLU epilogue: y = swiglu(h), h kept in FP8 (swiglu.py)
-            y, saved["qh"], saved["sh"] = swiglu_fp8_forward(y, swiglu_sf, swiglu_fmt)
-        ctx.to_main_grad = to_main_grad and need_wgrad
-        if ctx.to_main_grad:
-            saved["weight"] = weight
-        if xt is not None:
-            saved["xt"], saved["xt_scale"] = xt[0], xt[1]
-            ctx.xt_gran = xt[2]
-        saved = {k: t for k, t in saved.items() if t is not None}
-        ctx.saved_names = tuple(saved)
-        ctx.save_for_backward(*saved.values())
-        ctx.w_gran, ctx.grad_gran, ctx.scale_format, ctx.fmt = w_gran, grad_gran, scale_format, fmt
-        ctx.x_dtype, ctx.w_dtype, ctx.has_bias = x.dtype, weight.dtype, bias is not None
-        ctx.sp_group, ctx.sp_size = sp_group, sp_size
+        x_ops = None if xq is None else ((xq, xs, x_gran), None if xqt is None else (xqt, xst, x_gran))
+        swiglu = None if swiglu_sf is None else (swiglu_sf, swiglu_fmt)
+        y, saved = _forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, x_ops, w_gran, act_gran, grad_gran,
+                            scale_format, fmt, sp_group, sp_size, to_main_grad, swiglu)
+        if swiglu is not None:  # the SwiGLU epilogue: y = swiglu(h), h kept in FP8 (swiglu.py)
+            y, saved["qh"], saved["sh"] = swiglu_fp8_forward(y, *swiglu)
+        _save(ctx, saved)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        saved = dict(zip(ctx.saved_names, ctx.saved_tensors))
-        sp = ctx.sp_group is not None
-        # Under SP, megatron's order: X^T's shards (saved unreduced: half the memory at TP=2) are gathered
-        # around dY's quantization and dgrad, and dX's reduce-scatter around wgrad. On two H200s
-        # (torch 2.11, NCCL) the profile still saw no collective beside a compute kernel.
-        if sp and need_wgrad:
-            pending = _sp_gather_start((saved["xt"], saved["xt_scale"]), 1, ctx.sp_group, ctx.sp_size)
-        (qdy, sdy, gdy), dyt = _grad_operands(ctx, saved, dy, need_wgrad)
-        dx = None
-        if need_dgrad:
-            dx = fp8_mm(qdy, sdy, gdy, saved["w"], saved["w_scale"], ctx.w_gran, ctx.x_dtype, True, saved.get("w_mm_t"))
-            if sp:
-                dx = _sp_reduce_scatter_start(dx, ctx.sp_group, ctx.sp_size)
-        dw = None
-        if need_wgrad:
-            xt = [_sp_gather_wait(p) for p in pending] if sp else [saved["xt"], saved["xt_scale"]]
-            if ctx.to_main_grad:
-                dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, saved["weight"])
-            else:  # dW in the weight's dtype, for autograd
-                dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt[0], xt[1], ctx.xt_gran, ctx.w_dtype)
-        if dx is not None and sp:
-            dx = torch.ops._c10d_functional.wait_tensor(dx)
-        db = dy.float().sum(0) if ctx.has_bias and ctx.needs_input_grad[6] else None
-        return dx, dw, None, None, None, None, db, None, None, None, None, None, None, None, None, None, None
+        dx, dw, db = _backward(ctx, dy)
+        return (dx, dw, None, None, None, None, db) + (None,) * 15
+
+
+class TracedFp8SwiGLUToFp8(torch.autograd.Function):
+    """TracedFp8Linear with the SwiGLU epilogue whose output goes on in FP8: y = swiglu(X W^T) is
+    quantized for the next FP8 linear (FC2) as it is computed, in the recipe's activation formats,
+    and never written in the activation dtype (one kernel with h's FP8 copy, where it applies).
+    Returns y's anchor, then y's operands along F and y^T's along the tokens (Fp8SwiGLUOutput's order);
+    the backward takes dY through the anchor. Inputs: TracedFp8Linear's, without the pre-quantized ones."""
+
+    @staticmethod
+    def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, w_gran: str, act_gran: str, grad_gran: str,
+                scale_format: str, fmt: str, sp_group: str | None, sp_size: int, to_main_grad: bool, swiglu_sf: str,
+                swiglu_fmt: str):
+        swiglu = (swiglu_sf, swiglu_fmt)
+        h, saved = _forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, None, w_gran, act_gran, grad_gran,
+                            scale_format, fmt, sp_group, sp_size, to_main_grad, swiglu)
+        saved["qh"], saved["sh"], (q, s, _), (qt, st, _) = _swiglu_operands(h, swiglu, act_gran, scale_format, fmt)
+        _save(ctx, saved)
+        ctx.mark_non_differentiable(q, s, qt, st)
+        # y's gradient arrives here through the anchor; FC2 never reads it, so it is never written
+        return h.new_empty((h.shape[0], h.shape[1] // 2)), q, s, qt, st
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        dx, dw, db = _backward(ctx, dy)
+        return (dx, dw, None, None, None, None, db) + (None,) * 10
+
+
+def _swiglu_operands(h, swiglu, act_gran: str, scale_format: str, fmt: str):
+    """h's FP8 copy (data, scales) for SwiGLU's backward, and y = swiglu(h)'s operands along F and
+    along the tokens in the activation granularity: one kernel for per-token activations where it
+    applies, else SwiGLU's forward, then the quantizer."""
+    if act_gran == "token" and fused_forward_quantize_ok(h):
+        qh, sh, q, s, qt, st = swiglu_fp8_forward_quantized(h, *swiglu, scale_format, fmt)
+        return qh, sh, (q, s, "token"), (qt, st, "token")
+    y, qh, sh = swiglu_fp8_forward(h, *swiglu)
+    yq, yt = quantize_pair(y, act_gran, scale_format, fmt, cols=True)
+    return qh, sh, yq, yt
 
 
 def _grad_operands(ctx, saved: dict, dy: torch.Tensor, cols: bool):
@@ -273,9 +358,9 @@ def _grad_operands(ctx, saved: dict, dy: torch.Tensor, cols: bool):
     return quantize_pair(dh, ctx.grad_gran, ctx.scale_format, ctx.fmt, cols)
 
 
-def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe,
+def traced_linear(x, weight: torch.Tensor, wq: QTensor, bias: torch.Tensor | None, recipe,
                   sp_group: str | None = None, sp_size: int = 1, to_main_grad: bool = False,
-                  swiglu: tuple[str, str] | None = None) -> torch.Tensor:
+                  swiglu: tuple[str, str] | None = None, fp8_out: bool = False):
     """x [..., K] @ weight^T under an FP8 recipe, from the weight's cached FP8 operand (wq:
     WeightCache.get(weight, recipe), made outside the compiled region).
 
@@ -286,16 +371,34 @@ def traced_linear(x: torch.Tensor, weight: torch.Tensor, wq: QTensor, bias: torc
     swiglu: (scale_format, fmt) of SwiGLU's saved input: the result is swiglu(x @ weight^T) (megatron's
     gated FC1 output [gate, up]), with h saved in FP8 as swiglu.swiglu_fp8_input saves it, and the
     backward turns dY into FC1's FP8 gradient operands directly (_grad_operands). Not with a bias.
+    fp8_out (with swiglu): return swiglu's output as FC2's FP8 operands (an Fp8SwiGLUOutput), never
+    written in the activation dtype; x may be such an output, which this linear then takes as is
+    (the recipe's activation granularity, no sequence parallelism: FC2 is row-parallel).
     """
     if sp_group is not None and recipe.activation != "token":
         raise ValueError(f"the traced sequence-parallel FP8 gather takes per-token activations, not {recipe.activation!r}")
     if swiglu is not None and bias is not None:
         raise ValueError("the FP8 linear's SwiGLU epilogue takes no bias (its backward never forms dh for the bias "
                          "gradient); apply swiglu.swiglu_fp8_input after the linear instead")
-    k = x.shape[-1]
+    if fp8_out and swiglu is None:
+        raise ValueError("fp8_out is the SwiGLU epilogue's FP8 output: give swiglu=(scale_format, fmt) too")
     # the scaled_mm scale layouts the weight cache made for a block weight; None for per-tensor weights
     w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
-    y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias,
-                              wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt,
-                              sp_group, sp_size, to_main_grad, *(swiglu or (None, None)))
-    return y.reshape(x.shape[0] * sp_size, *x.shape[1:-1], y.shape[-1])
+    fields = (wq.granularity, recipe.activation, recipe.grad, recipe.scale_format, recipe.fmt, sp_group, sp_size,
+              to_main_grad)
+    if isinstance(x, Fp8SwiGLUOutput):
+        if sp_group is not None or swiglu is not None:
+            raise ValueError("an FP8 SwiGLU output goes into a row-parallel linear (FC2), without sequence-parallel "
+                             "gather or an epilogue of its own")
+        pre, x = (x.q, x.scale, x.qt, x.scale_t, x.granularity), x.anchor
+    else:
+        pre = (None,) * 5
+    k = x.shape[-1]
+    lead = (x.shape[0] * sp_size, *x.shape[1:-1])
+    if fp8_out:
+        anchor, q, s, qt, st = TracedFp8SwiGLUToFp8.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t,
+                                                          bias, *fields, *swiglu)
+        return Fp8SwiGLUOutput(anchor.reshape(*lead, anchor.shape[-1]), q, s, qt, st, _operand_gran(recipe.activation))
+    y = TracedFp8Linear.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias, *pre, *fields,
+                              *(swiglu or (None, None)))
+    return y.reshape(*lead, y.shape[-1])

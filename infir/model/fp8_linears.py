@@ -40,7 +40,7 @@ from infir.fp8.linear import fp8_backward, quantize_operand
 from infir.fp8.formats import scale_from_amax
 from infir.fp8.quantize import QTensor
 from infir.fp8.swiglu import swiglu_fp8_input
-from infir.fp8.traced import traced_linear
+from infir.fp8.traced import Fp8SwiGLUOutput, traced_linear
 from infir.model.linears import ColumnLinear, RowLinear, column_input
 
 
@@ -73,14 +73,20 @@ class _Fp8(object):
                 and not (self.monitor is not None and self.monitor.active))
 
     def traced_matmul(self, x, weight, bias, sp_group: str | None = None, sp_size: int = 1):
-        x = _activation_dtype(x)
-        with torch.autocast(x.device.type, enabled=False):
+        # FC1 with SwiGLU hands y to FC2 in FP8 (traced.Fp8SwiGLUOutput), where FC2 is traced too: both
+        # are, inside the compiled layer, under the same conditions (traceable)
+        if not isinstance(x, Fp8SwiGLUOutput):
+            x = _activation_dtype(x)
+        with torch.autocast(weight.device.type, enabled=False):
             return traced_linear(x, weight, self.weight_cache.q, bias, self.fp8_recipe, sp_group, sp_size,
-                                 self.to_main_grad, self.swiglu)
+                                 self.to_main_grad, self.swiglu, fp8_out=self.swiglu is not None)
 
     def fp8_matmul(self, x, weight, bias):
         if self.traceable():
             return self.traced_matmul(x, weight, bias)
+        if isinstance(x, Fp8SwiGLUOutput):
+            raise RuntimeError(f"{type(self).__name__} got FC1's FP8 SwiGLU output outside a compiled layer: FC1 and "
+                               "FC2 must both run traced (the same recipe, weight refresh and health-monitor state)")
         return self._fp8_matmul_eager(x, weight, bias)
 
     @torch.compiler.disable

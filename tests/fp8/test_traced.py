@@ -173,31 +173,44 @@ def quantize_token(x):
 
 
 def _main_grad_runs(device, recipe_name, mode, steps=3, swiglu=None):
-    """main_grad after `steps` fwd+bwd of one layer whose weight carries megatron's FP32 main_grad:
+    """main_grad after `steps` fwd+bwd of one layer whose weights carry megatron's FP32 main_grad:
     through the eager Function, and through the compiled traced path with to_main_grad (under
     `mode`, "reduce-overhead" being CUDA graphs). Also the compiled run's weight.grad and dX.
-    swiglu: the layer is a gated FC1 applying SwiGLU (its saved input's (scale_format, fmt)):
-    eager, SwiGLU runs after the linear; compiled, inside it (traced_linear's epilogue)."""
+    swiglu: the layer is an MLP, a gated FC1 applying SwiGLU (its saved input's (scale_format, fmt))
+    and FC2: eager, SwiGLU runs after FC1 and FC2 quantizes y; compiled, inside FC1, which hands y
+    to FC2 in FP8 (traced_linear's fp8_out). main_grad is then both weights' (flattened, joined)."""
     from infir.model.fp8_linears import _Fp8, attach_weight_refresh
 
     recipe = get_recipe(recipe_name)
     x, w, _, dy = _inputs(device)
-    if swiglu is not None:
-        dy = dy[:, : dy.shape[1] // 2].contiguous()
-    c0 = torch.randn(w.shape, device=device)  # what earlier micro-batches left in main_grad
+    weights = [w]
+    if swiglu is not None:  # FC2 [N, N/2]: the MLP's output has dy's shape
+        g = torch.Generator(device="cpu").manual_seed(1)
+        weights.append((torch.randn(w.shape[0], w.shape[0] // 2, generator=g) * 0.05).to(device))
+    c0 = [torch.randn(wi.shape, device=device) for wi in weights]  # what earlier micro-batches left in main_grad
 
-    class Layer(_Fp8, torch.nn.Module):
+    class Linear(_Fp8, torch.nn.Module):
         recipe_name = recipe.name
 
-        def __init__(self):
+        def __init__(self, i):
             torch.nn.Module.__init__(self)
             self._init_fp8()
-            self.swiglu = swiglu
-            self.weight = torch.nn.Parameter(w.clone())
-            self.weight.main_grad = c0.clone()
+            self.swiglu = swiglu if i == 0 else None
+            self.weight = torch.nn.Parameter(weights[i].clone())
+            self.weight.main_grad = c0[i].clone()
 
         def forward(self, x):
             return self.fp8_matmul(x, self.weight, None)
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linears = torch.nn.ModuleList(Linear(i) for i in range(len(weights)))
+
+        def forward(self, x):
+            for linear in self.linears:
+                x = linear(x)
+            return x
 
     class Model(torch.nn.Module):  # the refresh hook sits on the eager model, around compiled layers
         def __init__(self, layer):
@@ -219,9 +232,11 @@ def _main_grad_runs(device, recipe_name, mode, steps=3, swiglu=None):
             torch.compiler.cudagraph_mark_step_begin()
             xi = x.clone().requires_grad_(True)
             fn(xi).backward(dy)
-            grad, dx = layer.weight.grad, xi.grad.clone()
-            layer.weight.grad = None  # as megatron's grad hook leaves it
-        out[name] = (layer.weight.main_grad.clone(), grad, dx)
+            grad, dx = layer.linears[0].weight.grad, xi.grad.clone()
+            for linear in layer.linears:
+                linear.weight.grad = None  # as megatron's grad hook leaves it
+        main = [linear.weight.main_grad.clone() for linear in layer.linears]
+        out[name] = (main[0] if len(main) == 1 else torch.cat([m.flatten() for m in main]), grad, dx)
     return out, steps
 
 
@@ -252,11 +267,18 @@ def test_traced_wgrad_adds_into_main_grad_gpu(mode):
 
 
 @pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "moss"])
-def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe):
-    """FC1 with SwiGLU inside the compiled linear (its backward quantizes dh for FC1's GEMMs itself)
-    gives the eager linear-then-swiglu_fp8_input's dX and main_grad bit for bit."""
+def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe, monkeypatch):
+    """FC1 with SwiGLU inside the compiled linear (y handed to FC2 already in FP8; its backward
+    quantizes dh for FC1's GEMMs itself) gives the eager FC1-then-swiglu_fp8_input-then-FC2's dX and
+    both main_grads bit for bit."""
+    from infir.fp8 import traced
+
+    handed = []
+    operands = traced._swiglu_operands
+    monkeypatch.setattr(traced, "_swiglu_operands", lambda *a: (handed.append(1), operands(*a))[1])
     with torch._inductor.config.patch(emulate_precision_casts=True):
         out, _ = _main_grad_runs("cpu", recipe, None, swiglu=("ue8m0", "e4m3"))
+    assert handed, "the compiled FC1 did not hand y to FC2 in FP8"
     (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
     assert torch.equal(got, ref), float((got - ref).abs().max())
     assert torch.equal(got_dx, ref_dx)
@@ -265,8 +287,8 @@ def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_traced_swiglu_epilogue_fused_matches_the_reference_gpu(mode, monkeypatch):
-    """On CUDA the compiled FC1's backward runs quant_both.cu's fused SwiGLU backward + quantizer
-    (asserted below), traced as one graph (fullgraph). Against the eager reference (SwiGLU's Triton kernels off on both sides), dX and
+    """On CUDA the compiled FC1 runs quant_both.cu's fused SwiGLU forward + quantizer of FC2's input
+    and fused SwiGLU backward + quantizer (asserted below), traced as one graph (fullgraph). Against the eager reference (SwiGLU's Triton kernels off on both sides), dX and
     main_grad agree to the rare FP8 byte the fused kernel's fast sigmoid may flip
     (test_swiglu.py), also replayed as a CUDA graph."""
     from infir.fp8 import swiglu as sw
@@ -274,13 +296,15 @@ def test_traced_swiglu_epilogue_fused_matches_the_reference_gpu(mode, monkeypatc
     from infir.fp8.kernels import swiglu as ks
 
     monkeypatch.setattr(cuda_build, "_LOADED", {})  # a library lookup while tracing would now stat files: a graph break
-    calls = []
-    fused = ks.swiglu_fp8_bwd_quant
-    monkeypatch.setattr(ks, "swiglu_fp8_bwd_quant", lambda *a: (calls.append(1), fused(*a))[1])
+    calls = {"swiglu_fp8_bwd_quant": 0, "swiglu_fp8_fwd_quant": 0}
+    for name in calls:
+        fused = getattr(ks, name)
+        monkeypatch.setattr(ks, name, lambda *a, name=name, fused=fused: (calls.__setitem__(name, calls[name] + 1),
+                                                                          fused(*a))[1])
     monkeypatch.setattr(sw, "_use_kernels", lambda h: False)
     with torch._inductor.config.patch(emulate_precision_casts=True):
         out, _ = _main_grad_runs("cuda", "fp8_blockwise_ue8m0", mode, swiglu=("ue8m0", "e4m3"))
-    assert calls, "the compiled backward did not take the fused kernel"
+    assert all(calls.values()), f"the compiled layer did not take both fused kernels: {calls}"
     (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
     assert (got_dx == ref_dx).float().mean() >= 0.99, float((got_dx != ref_dx).float().mean())
     torch.testing.assert_close(got_dx.float(), ref_dx.float(), rtol=2e-2, atol=1e-3 * ref_dx.abs().max().item())
