@@ -11,10 +11,11 @@ the first element depends on the last), so its row counts 2 reads + 1 write.
 training step pays per quantization).
 --sweep: every kernel configuration / quotient algorithm, timed at each shape (tuning).
 --old PATH: also time an older kernels/quant.py (before/after comparisons in one run).
---swiglu: FC1's gradient operands from SwiGLU's backward at tokens x ffn shapes: SwiGLU's backward
-kernel, then the both-layouts quantizer (dh written in bf16 and read back), against quant_both.cu's
-fused kernel (dh never written); bytes are the fused pass's (FP8 h + dY read, both FP8 layouts
-written), the least either way must move, so the unfused pair's share shows what it costs extra.
+--swiglu: SwiGLU and the FP8 quantizers around it at tokens x ffn shapes, unfused (SwiGLU's Triton
+kernel, then the both-layouts quantizer) against quant_both.cu's fused kernels: backward, FC1's
+gradient operands (dh never written in bf16); forward, FC2's input operands with h's FP8 copy (y
+never written in bf16). Bytes are the fused pass's, the least either way must move, so the unfused
+pair's share shows what it costs extra.
 """
 from __future__ import annotations
 
@@ -261,34 +262,49 @@ def run_swiglu(shapes, bw, out):
     from infir.fp8.kernels import swiglu as ks
     from infir.fp8.quantize import QTensor
 
+    def pair(o):  # the both-layouts operands of a (q, scale, q^T, scale^T) tuple
+        return QTensor(o[0], o[1], "token"), QTensor(o[2], o[3], "token")
+
+    def quantize_both(x):
+        return tuple(t for qt in kn.quantize_token_triton(x, rows=True, cols=True) for t in (qt.data, qt.scale))
+
+    def swiglu_then_quantize(h):
+        y, qh, sh = ks.swiglu_fp8_fwd(h, "ue8m0", "e4m3")
+        return (qh, sh, *quantize_both(y))
+
     rows = []
     for shape in shapes:
         M, F = map(int, shape.split("x"))
         h = torch.randn(M, 2 * F, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(M, F, device="cuda", dtype=torch.bfloat16)
         _, q, s = ks.swiglu_fp8_fwd(h, "ue8m0", "e4m3")
-        nbytes = 2 * F * M + 2 * F * M + 2 * (2 * F * M) + 2 * 4 * (2 * F * M) // 128  # qh, dY; q, qt; scales
-        unfused = lambda: kn.quantize_token_triton(ks.swiglu_fp8_bwd(q, s, dy, torch.bfloat16), rows=True, cols=True)
-        variants = [("SwiGLU backward (Triton), then quantize both layouts", unfused, None)]
-        variants += [(f"fused (quant_both.cu, loads {n})", (lambda n=n: ks.swiglu_fp8_bwd_quant(q, s, dy, "ue8m0", "e4m3", n)), n)
-                     for n in (2, 4)]
-        base = None
-        for name, fn, loads in variants:
-            out_ = fn()
-            if loads is None:
-                base = bench_ms(fn)
-                ms, bits = base, ""
-            else:
-                got = (QTensor(out_[0], out_[1], "token"), QTensor(out_[2], out_[3], "token"))
-                ms = bench_ms(fn)
-                # the Triton backward's exp is approximate, the fused kernel's accurate: bits may differ in ulps
-                bits = f"{sum(int((a.data.view(torch.uint8) != b.data.view(torch.uint8)).sum()) for a, b in zip(got, unfused())) / (4 * F * M):.2e}"
-            rows.append({"tokens x ffn": shape, "pass": name, "ms": ms, "% of copy BW (fused bytes)": 100 * nbytes / ms / 1e6 / bw,
-                         "x vs unfused": base / ms, "bytes differing from unfused": bits})
-            print(rows[-1], flush=True)
+        scales = 4 * F * M // 128  # bytes of one FP32 scale per 128 values of an [M, F] tensor
+        # (pass, bytes of the fused pass, unfused, fused(loads), the outputs compared)
+        cases = [
+            ("backward: FC1's gradient operands", 2 * F * M + 2 * F * M + 4 * F * M + 4 * scales,
+             ("SwiGLU backward (Triton), then quantize both layouts",
+              lambda: quantize_both(ks.swiglu_fp8_bwd(q, s, dy, torch.bfloat16))),
+             lambda n: ks.swiglu_fp8_bwd_quant(q, s, dy, "ue8m0", "e4m3", n), lambda o: o),
+            ("forward: FC2's input operands (+ h's FP8 copy)", 4 * F * M + 2 * F * M + 2 * scales + 2 * F * M + 2 * scales,
+             ("SwiGLU forward (Triton), then quantize both layouts", lambda: swiglu_then_quantize(h)),
+             lambda n: ks.swiglu_fp8_fwd_quant(h, "ue8m0", "e4m3", "ue8m0", "e4m3", n), lambda o: o[2:]),
+        ]
+        for direction, nbytes, (uname, unfused), fused, compared in cases:
+            base = bench_ms(unfused)
+            ref = pair(compared(unfused()))
+            for name, fn, loads in [(uname, unfused, None)] + [(f"fused (quant_both.cu, loads {n})",
+                                                                 (lambda n=n: fused(n)), n) for n in (2, 4)]:
+                ms = base if loads is None else bench_ms(fn)
+                # the fused kernels' exp and division are the fast ones: bits may differ in rare ulps
+                differ = sum(int((a.data.view(torch.uint8) != b.data.view(torch.uint8)).sum())
+                             for a, b in zip(pair(compared(fn())), ref))
+                rows.append({"tokens x ffn": shape, "pass": direction, "kernels": name, "ms": ms,
+                             "% of copy BW (fused bytes)": 100 * nbytes / ms / 1e6 / bw, "x vs unfused": base / ms,
+                             "bytes differing from unfused": f"{differ / (2 * ref[0].data.numel()):.2e}"})
+                print(rows[-1], flush=True)
         h = dy = q = s = None
         torch.cuda.empty_cache()
-    emit("FC1's FP8 gradient operands from SwiGLU's backward, unfused vs fused",
+    emit("SwiGLU fused with FC1's / FC2's FP8 quantizers, unfused vs fused",
          [f"measured copy bandwidth (read+write): {bw:.0f} GB/s", markdown_table(rows)], out)
 
 
@@ -298,7 +314,7 @@ def main(argv=None):
     p.add_argument("--host", action="store_true", help="also measure the host cost per call")
     p.add_argument("--sweep", action="store_true", help="time every kernel configuration instead")
     p.add_argument("--old", help="path of an older kernels/quant.py to time beside this one")
-    p.add_argument("--swiglu", action="store_true", help="time SwiGLU's backward + quantizer, unfused vs fused, "
+    p.add_argument("--swiglu", action="store_true", help="time SwiGLU's forward / backward + quantizer, unfused vs fused, "
                    "at tokens x ffn shapes (--shapes, default the Qwen2.5 0.5B/1.5B/7B ffn sizes)")
     p.add_argument("--only", choices=["both", "cols", "rows", "block", "scalar", "amax", "two_level"],
                    help="with --sweep: only this kernel's configurations")

@@ -85,8 +85,8 @@ def classify(name: str) -> str:
     if any(k in n for k in ("gemm", "nvjet", "xmma", "cutlass", "matmul", "sm90")):
         return "gemm"
     if "swiglu" in n and "quant_token_both" in n:
-        # SwiGLU's backward fused with the quantizer of FC1's gradient (quant_both.cu's SwigluBwdRows):
-        # its own class, so that neither the quantize nor the elementwise share hides it
+        # SwiGLU fused with the quantizer of FC1's gradient / FC2's input (quant_both.cu's SwigluBwdRows,
+        # SwigluFwdRows): its own class, so that neither the quantize nor the elementwise share hides it
         return "swiglu+quantize (fused)"
     if "swiglu" in n:  # FP8 recipes' SwiGLU kernels (which also quantize its saved input) replace BF16's fused one
         return "elementwise/other"
@@ -200,11 +200,29 @@ def gpu_gaps(prof, top: int = 6, min_ms: float = 0.5) -> None:
         end = max(end, b)
     idle = sum(g for g, _, _ in gaps if g >= min_ms * 1e3)
     print(f"GPU idle inside the profiled step: {idle / 1e3:.1f} ms in gaps of >= {min_ms} ms", flush=True)
+    # many short gaps (a graph replay's start, a launch behind a full queue) can cost as much as the long ones
+    print("GPU idle by gap length: " + ", ".join(
+        f"{label}: {n} gaps, {t / 1e3:.2f} ms" for label, n, t in gap_histogram([g for g, _, _ in gaps])), flush=True)
     cpu = [e for e in evts if e.device_type == torch.autograd.DeviceType.CPU]
     for g, a, b in sorted(gaps, reverse=True)[:top]:
         inside = sorted(((min(e.time_range.end, b) - max(e.time_range.start, a), e.name) for e in cpu
                          if e.time_range.start < b and e.time_range.end > a), reverse=True)[:6]
         print(f"  gap {g / 1e3:.2f} ms: " + "; ".join(f"{n[:60]} ({d / 1e3:.2f})" for d, n in inside), flush=True)
+
+
+GAP_BINS_US = (10, 100, 500)
+
+
+def gap_histogram(gaps_us: list[float]) -> list[tuple[str, int, float]]:
+    """(label, count, total us) of the gaps in each length bin of GAP_BINS_US, and in all."""
+    edges = (0,) + GAP_BINS_US + (float("inf"),)
+    rows = []
+    for lo, hi in zip(edges, edges[1:]):
+        inside = [g for g in gaps_us if lo <= g < hi]
+        rows.append((f"<{hi:g} us" if lo == 0 else f">={lo:g} us" if hi == float("inf") else f"{lo:g}-{hi:g} us",
+                     len(inside), sum(inside)))
+    rows.append(("all", len(gaps_us), sum(gaps_us)))
+    return rows
 
 
 def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, gpus: int = 1) -> dict:

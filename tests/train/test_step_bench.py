@@ -24,6 +24,7 @@ def test_kernel_classes_of_the_profile():
     both = "void (anonymous namespace)::quant_token_both<(anonymous namespace)::{}, true, false, 4>(...)"
     assert step.classify(both.format("Bf16Rows")) == "quantize"
     assert step.classify(both.format("SwigluBwdRows")) == "swiglu+quantize (fused)"
+    assert step.classify(both.format("SwigluFwdRows")) == "swiglu+quantize (fused)"
     assert step.classify("_swiglu_fp8_bwd_kernel") == "elementwise/other"
     assert step.classify("_quant_rows_kernel") == "quantize"
     assert step.classify("triton_red_fused__to_copy_add_fp8_quantize_pair_mean_mul_pow_rsqrt_view_0") != "quantize"
@@ -43,3 +44,9 @@ def test_exposed_communication_counts_only_time_without_compute(capsys):
     out = capsys.readouterr().out
     # comm 1000 + 200 + 400 = 1600 us; exposed 600 + 0 + 400 = 1000 us
     assert "communication kernels: 1.6 ms in the profiled step, 1.0 ms of it" in out, out
+
+
+def test_gap_histogram_bins_every_gap_once():
+    rows = step.gap_histogram([3.0, 9.9, 10.0, 250.0, 499.0, 500.0, 2000.0])
+    assert rows == [("<10 us", 2, 12.9), ("10-100 us", 1, 10.0), ("100-500 us", 2, 749.0),
+                    (">=500 us", 2, 2500.0), ("all", 7, 3271.9)], rows
