@@ -266,7 +266,7 @@ def test_traced_wgrad_adds_into_main_grad_gpu(mode):
     assert torch.equal(got_dx, ref_dx)
 
 
-@pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "moss"])
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe, monkeypatch):
     """FC1 with SwiGLU inside the compiled linear (y handed to FC2 already in FP8; its backward
     quantizes dh for FC1's GEMMs itself) gives the eager FC1-then-swiglu_fp8_input-then-FC2's dX and

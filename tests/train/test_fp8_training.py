@@ -172,3 +172,24 @@ def test_fp8_swiglu_input_needs_an_fp8_recipe(tmp_path):
 
     with pytest.raises(ConfigError, match="precision.fp8_swiglu_input"):
         validate(compose(["precision=bf16", "+precision.fp8_swiglu_input=true", f"run_dir={tmp_path}"]))
+
+
+def test_compiled_fp8_full_recompute_gives_the_same_steps(demo_root, tmp_path):
+    """Full recomputation re-runs each compiled layer in the backward: FC1 then hands SwiGLU's output to FC2
+    in FP8 again (traced.Fp8SwiGLUOutput) inside megatron's checkpoint. The losses equal the plain run's."""
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    results = {}
+    try:
+        for recompute in ("none", "full"):
+            cfg = compose([*FAST, f"data.root={demo_root}", f"run_dir={tmp_path / recompute}", "stage.iters=3",
+                           "precision=fp8_blockwise_ue8m0", "model.compile=true", f"model.recompute={recompute}"])
+            trainer = Trainer(cfg)
+            results[recompute] = [trainer.train_step(i)["loss"] for i in range(3)]
+            trainer.log.finish()
+            del trainer
+    finally:
+        distributed.shutdown()
+    assert results["full"] == results["none"], results
