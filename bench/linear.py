@@ -18,7 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import base_parser, bench_ms, emit, markdown_table  # noqa: E402
+from bench._common import base_parser, bench_ms, copy_bandwidth_gbs, emit, markdown_table  # noqa: E402
 from infir.fp8 import Fp8Linear, fp8_gemm  # noqa: E402
 from infir.fp8 import kernels as kn  # noqa: E402
 from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton  # noqa: E402
@@ -104,6 +104,14 @@ def quant_ms(M, K, N, weight=True):
             + bench_ms(lambda: kn.quantize_token_triton(dy, rows=True, cols=True)))
 
 
+def quant_bytes(M, K, N, weight=True) -> int:
+    """HBM bytes quant_ms's kernels must move at least: each operand read once in bf16 and written once
+    per FP8 layout, with its float32 scales (one per 128 values a layout)."""
+    both = lambda rows, cols: rows * cols * (2 + 2 * 1) + 2 * 4 * rows * cols // 128  # noqa: E731
+    w = N * K * (2 + 1) + 4 * N * K // (128 * 128) if weight else 0
+    return both(M, K) + both(M, N) + w
+
+
 def gemm_rates(M, K, N):
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
@@ -168,6 +176,7 @@ def main(argv=None):
         return
     rows, gemm_rows, totals = [], [], {}
     ao_note = None
+    copy_gbs = copy_bandwidth_gbs()
     for M in tokens:
         for model, proj, K, N in projections(models):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -188,6 +197,9 @@ def main(argv=None):
             q = quant_ms(M, K, N, weight=not args.cached_weight)
             blk_ms = row["bf16 ms"] / row["fp8_blockwise_ue8m0 x"] if "fp8_blockwise_ue8m0 x" in row else float("nan")
             row["quant % of blockwise step"] = 100 * q / blk_ms
+            qb = quant_bytes(M, K, N, weight=not args.cached_weight)
+            row["quant % of copy BW"] = 100 * qb / q / 1e6 / copy_gbs
+            totals["quant bytes"] = totals.get("quant bytes", 0) + qb
             for key in [k for k in row if k.endswith(" x") and "torchao" not in k] + ["bf16 ms"]:
                 ms = row["bf16 ms"] / row[key] if key.endswith(" x") else row[key]
                 totals[key] = totals.get(key, 0.0) + ms
@@ -207,14 +219,20 @@ def main(argv=None):
         summary.append({"recipe": f"fp8_blockwise_ue8m0 on the same {len(ao_rows)} shapes", "summed ms": ours,
                         "speedup vs bf16 (summed)": bf / ours if ours else float("nan")})
     summary.append({"recipe": "bf16 nn.Linear", "summed ms": totals["bf16 ms"], "speedup vs bf16 (summed)": 1.0})
-    q_share = 100 * totals["quant ms"] / totals.get("fp8_blockwise_ue8m0 x", float("nan"))
+    blk_total = totals.get("fp8_blockwise_ue8m0 x", float("nan"))
+    q_share = 100 * totals["quant ms"] / blk_total
+    # what the share would be with every quantizer at copy speed, the rest of the step unchanged
+    q_floor = totals["quant bytes"] / copy_gbs / 1e6
+    floor_share = 100 * q_floor / (blk_total - totals["quant ms"] + q_floor)
     sections = [
         f"weight re-quantized every step: {not args.cached_weight}; torch.compile: {args.compiled}; "
         f"one CUDA graph per fwd+bwd: {args.cuda_graph}",
         "### fwd+bwd speedup over bf16 nn.Linear (x = bf16 ms / recipe ms)", markdown_table(rows),
         "### summed over the shapes", markdown_table(summary),
         f"quantization kernels: {q_share:.1f}% of the fp8_blockwise_ue8m0 step (summed; X and dY in both layouts"
-        f"{'' if args.cached_weight else ', W and W^T'}, each timed alone)",
+        f"{'' if args.cached_weight else ', W and W^T'}, each timed alone); they move their bytes at "
+        f"{100 * q_floor / totals['quant ms']:.1f}% of the measured copy bandwidth ({copy_gbs:.0f} GB/s); at 100% "
+        f"the share would be {floor_share:.1f}%",
         "### GEMM only (fprop shape)", markdown_table(gemm_rows),
     ]
     if ao_note:
