@@ -25,7 +25,7 @@ from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton  # noqa: E402
 from infir.fp8.traced import traced_linear  # noqa: E402
 
 # (model, projection, K, N): Qwen2.5 hidden / intermediate sizes, fused QKV and gate-up as megatron runs them
-MODELS = {"1.5B": (1536, 8960, 2048), "7B": (3584, 18944, 4608)}
+MODELS = {"0.5B": (896, 4864, 1152), "1.5B": (1536, 8960, 2048), "7B": (3584, 18944, 4608)}
 RECIPES = ("fp8_blockwise_ue8m0", "fp8_blockwise_fp32", "fp8_tensorwise", "moss")
 
 
