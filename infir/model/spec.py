@@ -74,7 +74,8 @@ def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | No
             pre_mlp_layernorm=RMSNorm,
             mlp=ModuleSpec(
                 module=MLP,
-                submodules=MLPSubmodules(linear_fc1=linears.fc1 or linears.column, linear_fc2=linears.row, activation_func=swiglu),
+                submodules=MLPSubmodules(linear_fc1=linears.fc1 or linears.column, linear_fc2=linears.row,
+                                         activation_func=swiglu),
             ),
             mlp_bda=get_bias_dropout_add,
         ),

@@ -692,19 +692,25 @@ def _cuda_fn(entry: str, device: torch.device):
     return fn
 
 
+def both_layouts_outputs(M: int, K: int, fmt: str, device: torch.device):
+    """Empty (q [M, K], its scales, q^T [K, M], its scales) for quant_both.cu's kernels to write, each
+    scale tensor outer-dim-major as scaled_mm reads it (s[kb * M + m], st[mb * K + k])."""
+    dt, f32 = get_format(fmt).dtype, torch.float32
+    return (torch.empty((M, K), dtype=dt, device=device),
+            torch.empty_strided((M, K // TOKEN_BLOCK), (1, M), dtype=f32, device=device),
+            torch.empty((K, M), dtype=dt, device=device),
+            torch.empty_strided((K, M // TOKEN_BLOCK), (1, K), dtype=f32, device=device))
+
+
 def _cuda_both_run(x2, scale_format, fmt, loads):
     fn = _cuda_fn("infir_quant_token_both", x2.device)
     M, K = x2.shape
-    dt, dev, f32 = get_format(fmt).dtype, x2.device, torch.float32
-    n_kb, n_mb, ld, idx = K // TOKEN_BLOCK, M // TOKEN_BLOCK, x2.stride(0), x2.device.index
+    ld, idx = x2.stride(0), x2.device.index
     ue, e5 = int(scale_format == "ue8m0"), int(fmt == "e5m2")
     stream = torch._C._cuda_getCurrentRawStream
 
     def run(x):
-        q = torch.empty((M, K), dtype=dt, device=dev)
-        s = torch.empty_strided((M, n_kb), (1, M), dtype=f32, device=dev)
-        qt = torch.empty((K, M), dtype=dt, device=dev)
-        st = torch.empty_strided((K, n_mb), (1, K), dtype=f32, device=dev)
+        q, s, qt, st = both_layouts_outputs(M, K, fmt, x.device)
         err = fn(x.data_ptr(), ld, q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), M, K, ue, e5, loads,
                  stream(idx))
         if err:

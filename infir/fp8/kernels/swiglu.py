@@ -157,14 +157,10 @@ def swiglu_fp8_bwd_quant(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, sc
         dy2 = dy2.contiguous()
     q, s = q.contiguous(), s.contiguous()
     M, K = q.shape
-    dt, dev, f32 = get_format(fmt).dtype, q.device, torch.float32
-    out = torch.empty((M, K), dtype=dt, device=dev)
-    so = torch.empty_strided((M, K // TOKEN_BLOCK), (1, M), dtype=f32, device=dev)
-    qt = torch.empty((K, M), dtype=dt, device=dev)
-    st = torch.empty_strided((K, M // TOKEN_BLOCK), (1, K), dtype=f32, device=dev)
+    out, so, qt, st = qk.both_layouts_outputs(M, K, fmt, q.device)
     err = fn(q.data_ptr(), s.data_ptr(), int(q.dtype == torch.float8_e5m2), dy2.data_ptr(), dy2.stride(0),
              out.data_ptr(), so.data_ptr(), qt.data_ptr(), st.data_ptr(), M, K // 2, int(scale_format == "ue8m0"),
-             int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(dev.index))
+             int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(q.device.index))
     if err:
         raise RuntimeError(f"quant_both.cu's SwiGLU backward failed with cudaError {err} at h {tuple(q.shape)}")
     return out, so, qt, st
@@ -193,14 +189,10 @@ def swiglu_fp8_fwd_quant(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scal
     if h2.stride(1) != 1 or h2.stride(0) % 8 or h2.data_ptr() % 16:
         h2 = h2.contiguous()
     M, K = h2.shape
-    F, dev, f32 = K // 2, h2.device, torch.float32
+    F, dev = K // 2, h2.device
     qh = torch.empty((M, K), dtype=get_format(h_fmt).dtype, device=dev)
-    sh = torch.empty((M, K // TOKEN_BLOCK), dtype=f32, device=dev)
-    dt = get_format(fmt).dtype
-    q = torch.empty((M, F), dtype=dt, device=dev)
-    s = torch.empty_strided((M, F // TOKEN_BLOCK), (1, M), dtype=f32, device=dev)
-    qt = torch.empty((F, M), dtype=dt, device=dev)
-    st = torch.empty_strided((F, M // TOKEN_BLOCK), (1, F), dtype=f32, device=dev)
+    sh = torch.empty((M, K // TOKEN_BLOCK), dtype=torch.float32, device=dev)
+    q, s, qt, st = qk.both_layouts_outputs(M, F, fmt, dev)
     err = fn(h2.data_ptr(), h2.stride(0), qh.data_ptr(), sh.data_ptr(), int(h_scale_format == "ue8m0"),
              int(h_fmt == "e5m2"), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), M, F,
              int(scale_format == "ue8m0"), int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(dev.index))
