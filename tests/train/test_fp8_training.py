@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from infir.train.metrics import read_metrics
-from trainrun import REPO, free_port, losses, run_train
+from trainrun import REPO, free_port, in_process_losses, losses, run_train
 
 FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0"]
 
@@ -177,19 +177,8 @@ def test_fp8_swiglu_input_needs_an_fp8_recipe(tmp_path):
 def test_compiled_fp8_full_recompute_gives_the_same_steps(demo_root, tmp_path):
     """Full recomputation re-runs each compiled layer in the backward: FC1 then hands SwiGLU's output to FC2
     in FP8 again (traced.Fp8SwiGLUOutput) inside megatron's checkpoint. The losses equal the plain run's."""
-    from infir.train import dist as distributed
-    from infir.train.cli import compose
-    from infir.train.loop import Trainer
-
-    results = {}
-    try:
-        for recompute in ("none", "full"):
-            cfg = compose([*FAST, f"data.root={demo_root}", f"run_dir={tmp_path / recompute}", "stage.iters=3",
-                           "precision=fp8_blockwise_ue8m0", "model.compile=true", f"model.recompute={recompute}"])
-            trainer = Trainer(cfg)
-            results[recompute] = [trainer.train_step(i)["loss"] for i in range(3)]
-            trainer.log.finish()
-            del trainer
-    finally:
-        distributed.shutdown()
+    results = in_process_losses({
+        recompute: [*FAST, f"data.root={demo_root}", f"run_dir={tmp_path / recompute}", "stage.iters=3",
+                    "precision=fp8_blockwise_ue8m0", "model.compile=true", f"model.recompute={recompute}"]
+        for recompute in ("none", "full")}, steps=3)
     assert results["full"] == results["none"], results

@@ -13,7 +13,7 @@ import pytest
 
 from infir.model import ckpt_format
 
-from trainrun import REPO, losses, run_train, summary, train_cmd
+from trainrun import REPO, in_process_losses, losses, run_train, summary, train_cmd
 
 FAST = ["logger=none", "precision=fp32", "train.log_interval=1", "train.eval_interval=0"]
 
@@ -216,21 +216,9 @@ def test_recomputation_under_bf16_autocast_gives_the_same_training_steps(demo_ro
     """Activation recomputation re-runs layers in the backward, outside the trainer's autocast:
     with FP32 master weights and BF16 autocast (precision=bf16) a full-recompute run once failed
     there with a BF16 x FP32 matmul. Recomputing must reproduce the plain run's steps."""
-    from infir.train import dist as distributed
-    from infir.train.cli import compose
-    from infir.train.loop import Trainer
-
-    results = {}
-    try:
-        for recompute in ("none", "full", "selective"):
-            cfg = compose(demo(demo_root, tmp_path / recompute, "precision=bf16", "stage.iters=3",
-                               f"model.recompute={recompute}"))
-            trainer = Trainer(cfg)
-            results[recompute] = [trainer.train_step(i)["loss"] for i in range(3)]
-            trainer.log.finish()
-            del trainer
-    finally:
-        distributed.shutdown()
+    results = in_process_losses({
+        recompute: demo(demo_root, tmp_path / recompute, "precision=bf16", "stage.iters=3", f"model.recompute={recompute}")
+        for recompute in ("none", "full", "selective")}, steps=3)
     assert results["full"] == pytest.approx(results["none"], rel=1e-6)
     assert results["selective"] == pytest.approx(results["none"], rel=1e-6)
 

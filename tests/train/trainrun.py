@@ -41,3 +41,22 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def in_process_losses(runs: dict, steps: int) -> dict:
+    """{name: the first `steps` losses} of each run, trained in this process from its overrides (a
+    Trainer at a time, the process group shut down after), for comparing runs step by step."""
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    out = {}
+    try:
+        for name, overrides in runs.items():
+            trainer = Trainer(compose(overrides))
+            out[name] = [trainer.train_step(i)["loss"] for i in range(steps)]
+            trainer.log.finish()
+            del trainer
+    finally:
+        distributed.shutdown()
+    return out
