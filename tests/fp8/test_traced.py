@@ -288,9 +288,9 @@ def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe, monkeypatc
 @pytest.mark.parametrize("mode", [None, "reduce-overhead"])
 def test_traced_swiglu_epilogue_fused_matches_the_reference_gpu(mode, monkeypatch):
     """On CUDA the compiled FC1 runs quant_both.cu's fused SwiGLU forward + quantizer of FC2's input
-    and fused SwiGLU backward + quantizer (asserted below), traced as one graph (fullgraph). Against the eager reference (SwiGLU's Triton kernels off on both sides), dX and
-    main_grad agree to the rare FP8 byte the fused kernel's fast sigmoid may flip
-    (test_swiglu.py), also replayed as a CUDA graph."""
+    and fused SwiGLU backward + quantizer (asserted below), traced as one graph (fullgraph). Against the
+    eager reference (SwiGLU's Triton kernels off on both sides), dX and main_grad agree to the rare FP8
+    byte the fused kernel's fast sigmoid may flip (test_swiglu.py), also replayed as a CUDA graph."""
     from infir.fp8 import swiglu as sw
     from infir.fp8.kernels import cuda_build
     from infir.fp8.kernels import swiglu as ks

@@ -162,7 +162,8 @@ def swiglu_fp8_bwd_quant(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, sc
              out.data_ptr(), so.data_ptr(), qt.data_ptr(), st.data_ptr(), M, K // 2, int(scale_format == "ue8m0"),
              int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(q.device.index))
     if err:
-        raise RuntimeError(f"quant_both.cu's SwiGLU backward failed with cudaError {err} at h {tuple(q.shape)}")
+        raise RuntimeError(f"quant_both.cu's SwiGLU backward failed with cudaError {err} at h {tuple(q.shape)}; "
+                           "INFIR_CUDA_KERNELS=0 runs the unfused Triton pair instead")
     return out, so, qt, st
 
 
@@ -197,5 +198,6 @@ def swiglu_fp8_fwd_quant(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scal
              int(h_fmt == "e5m2"), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), M, F,
              int(scale_format == "ue8m0"), int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(dev.index))
     if err:
-        raise RuntimeError(f"quant_both.cu's SwiGLU forward failed with cudaError {err} at h {tuple(h2.shape)}")
+        raise RuntimeError(f"quant_both.cu's SwiGLU forward failed with cudaError {err} at h {tuple(h2.shape)}; "
+                           "INFIR_CUDA_KERNELS=0 runs the unfused Triton pair instead")
     return qh, sh, q, s, qt, st
