@@ -312,9 +312,15 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(cfg)
     tp = cfg.parallel.tp
+
+    def step(i):  # as the training loop steps: train.gc_interval's collections at its step boundaries
+        trainer.train_step(trainer.step + i)
+        trainer.gc.after_step(trainer.step + i + 1)
+
+    with trainer.gc:
+        timed = time_steps(step, steps, trainer.tokens_per_step, trainer.flops_per_token, trainer.info.world_size)
     row = {"model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
-           **time_steps(lambda i: trainer.train_step(trainer.step + i), steps, trainer.tokens_per_step,
-                        trainer.flops_per_token, trainer.info.world_size)}
+           **timed}
     tflops = row["TFLOP/s"]
     row.update(memory_split(trainer))
     ceiling = gemm_ceiling(trainer.size, mbs * seq, tp)

@@ -48,6 +48,9 @@ def validate(cfg: DictConfig) -> None:
     _need(tr.on_nan in ("stop", "skip"), "train.on_nan", tr.on_nan, "stop or skip")
     _need(tr.log_interval > 0, "train.log_interval", tr.log_interval, "a positive integer")
     _need(tr.save_interval > 0, "train.save_interval", tr.save_interval, "a positive integer")
+    gci = tr.get("gc_interval")
+    _need(gci is None or (isinstance(gci, int) and not isinstance(gci, bool) and gci >= 1), "train.gc_interval", gci,
+          "null (Python's automatic garbage collection) or an integer >= 1 (collect every N steps)")
     _need(cfg.data.name in ("demo", "custom", "synthetic"), "data.name", cfg.data.name, "demo, custom or synthetic")
     _need(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset, "pretrain with data=synthetic")
     if cfg.data.name == "custom" and not (cfg.data.sources or {}).get(st.dataset):

@@ -22,6 +22,7 @@ from infir.model.cpu_shims import seed_everything
 from infir.train import batch as batching
 from infir.train import checkpoint, data, dist as distributed
 from infir.train.flops import flops_per_token, peak_tflops
+from infir.train.gc_control import StepGC
 from infir.train.metrics import RunLogger, format_duration, format_si
 from infir.train.precision import get_recipe
 from infir.train.schedule import lr_at, resolve_warmup
@@ -115,6 +116,7 @@ class Trainer:
 
         self.health = HealthMonitor(cfg.train.fp8_health_interval)
         self.health.attach(model)
+        self.gc = StepGC(cfg.train.get("gc_interval"))
 
         # Optimizer: decoupled weight decay on matrices only (not on norms and biases).
         decay = [p for p in self.params if p.ndim >= 2]
@@ -316,7 +318,8 @@ class Trainer:
         stops = (signal.SIGTERM, signal.SIGUSR1)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in stops}
         try:
-            return self._train_loop()
+            with self.gc:
+                return self._train_loop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -343,6 +346,7 @@ class Trainer:
                 self._handle_non_finite(out)
                 continue
             self.step += 1
+            self.gc.after_step(self.step)
             launch_steps += 1
             window_steps += 1
             last = {"loss": out["loss"], "grad_norm": out["grad_norm"]}

@@ -31,6 +31,7 @@ def test_unknown_group_option_lists_the_valid_ones():
         (["parallel=tp2", "stage.seq_length=255"], "must be divisible by parallel.tp=2"),
         (["stage.schedule=linear"], "stage.schedule='linear'"),
         (["train.on_nan=ignore"], "train.on_nan='ignore'"),
+        (["train.gc_interval=0"], "train.gc_interval=0"),
         (["device=tpu"], "device='tpu'"),
         (["model.compile_mode=fast"], "model.compile_mode='fast'"),
         (["data=custom"], "data.tokenizer must be set"),
