@@ -77,9 +77,10 @@ __device__ __forceinline__ void quant_row8(const uint4& v, uint8_t* dst, float* 
     f[2 * j] = p.x;
     f[2 * j + 1] = p.y;
   }
-  float a = 0.f;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) a = fmaxf(a, abs_nan_inf(f[j]));
+  const uint32_t m = bf16x2_max_nan(bf16x2_max_nan(v.x & BF16X2_ABS, v.y & BF16X2_ABS),
+                                    bf16x2_max_nan(v.z & BF16X2_ABS, v.w & BF16X2_ABS));
+  const float2 mh = bf16x2_to_float2(m);
+  float a = fmaxf(abs_nan_inf(mh.x), abs_nan_inf(mh.y));
 #pragma unroll
   for (int o = 8; o; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
   const float sc = scale_from_amax<UE8M0>(a, FMAX);
@@ -273,13 +274,11 @@ __global__ void __launch_bounds__(TILE_THREADS * Src::TILES, 4 / Src::TILES) qua
   const int quarter = warp >> 1;           // rows quarter*32 .. +32
   const uint32_t* col = reinterpret_cast<const uint32_t*>(&xs[quarter * 32][2 * cp]);
   constexpr int WORDS_PER_ROW = XS_PITCH / 2;
-  float a0 = 0.f, a1 = 0.f;
+  uint32_t m = 0;
 #pragma unroll 8
-  for (int j = 0; j < 32; ++j) {
-    float2 p = bf16x2_to_float2(col[j * WORDS_PER_ROW]);
-    a0 = fmaxf(a0, abs_nan_inf(p.x));
-    a1 = fmaxf(a1, abs_nan_inf(p.y));
-  }
+  for (int j = 0; j < 32; ++j) m = bf16x2_max_nan(m, col[j * WORDS_PER_ROW] & BF16X2_ABS);
+  const float2 mh = bf16x2_to_float2(m);
+  float a0 = abs_nan_inf(mh.x), a1 = abs_nan_inf(mh.y);
   *reinterpret_cast<float2*>(&col_amax[quarter][2 * cp]) = make_float2(a0, a1);
   __syncthreads();
 #pragma unroll
