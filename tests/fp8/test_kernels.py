@@ -232,6 +232,39 @@ def test_transpose_kernel_equals_torch_gpu(shape):
     _every_transpose_config(x)
 
 
+def extreme_values(x):
+    """x (at least 256 x 256) with finite values where shortcuts break: -0s, a 128x128 tile at 2^-120
+    (its amax / 448 is a float32 subnormal: the scale's slow path), one at 2^-117 (the last tile
+    of the UE8M0 scale's fast path), one at 2^100, a zero tile with one -0 row."""
+    y = x.clone()
+    y[7, ::3] = -0.0
+    y[:128, :128] *= 2.0**-120
+    y[:128, 128:256] *= 2.0**-117
+    y[128:256, :128] *= 2.0**100
+    y[128:256, 128:256] = 0.0
+    y[130, 128:256] = -0.0
+    return y
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_gpu_token_kernels_equal_the_cpu_reference_on_extreme_values(fmt):
+    """The Triton token quantizers, bytes and scales, where random data never goes: signed zeros
+    (the FP32-scale quotient once gave +0 for -0 compiled, never interpreted), subnormal scales."""
+    from infir.fp8.kernels.quant import _BOTH_CONFIGS, _TRITON_BOTH
+
+    x = extreme_values(rand((512, 640), device="cuda"))
+    xc = x.cpu()
+    for sf in ("ue8m0", "fp32"):
+        ref, ref_t = quantize_reference(xc, "token", sf, fmt), quantize_reference(xc.t(), "token", sf, fmt)
+        assert_same_q(kn.quantize_token_triton(x, sf, fmt)[0], ref)
+        assert_same_q(kn.quantize_token_triton(x, sf, fmt, rows=False, cols=True)[1], ref_t)
+        for cfg in (_TRITON_BOTH, _BOTH_CONFIGS[0]):  # the split and the fused tile
+            q, qt = kn.quantize_token_triton(x, sf, fmt, rows=True, cols=True, config=cfg)
+            assert_same_q(q, ref)
+            assert_same_q(qt, ref_t)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(8192, 1536), (256, 18944), (1024, 4608)])
 def test_gpu_cuda_both_layouts_kernel_equals_the_cpu_reference(shape):
@@ -252,6 +285,14 @@ def test_gpu_cuda_both_layouts_kernel_equals_the_cpu_reference(shape):
                 q, qt = kn.quantize_token_triton(x, sf, fmt, rows=True, cols=True, config={"CUDA": True, "LOADS": loads})
                 assert_same_q(q, quantize_reference(xc, "token", sf, fmt))
                 assert_same_q(qt, quantize_reference(xc.t(), "token", sf, fmt))
+    finite = extreme_values(x)
+    for loads in (4, 8):
+        for sf in ("ue8m0", "fp32"):
+            for fmt in ("e4m3", "e5m2"):
+                q, qt = kn.quantize_token_triton(finite, sf, fmt, rows=True, cols=True,
+                                                 config={"CUDA": True, "LOADS": loads})
+                assert_same_q(q, quantize_reference(finite.cpu(), "token", sf, fmt))
+                assert_same_q(qt, quantize_reference(finite.cpu().t(), "token", sf, fmt))
     special = x.clone()
     special[:128, :256] = 0
     special[130, 3], special[131, 5], special[200, 150], special[201, 199] = 1e-40, float("nan"), float("inf"), -float("inf")

@@ -197,7 +197,8 @@ def _quot(x, s, y, DIV: tl.constexpr):
     DIV 2: q = RN(x * y), then two Markstein corrections q += (x - s*q) * y, each remainder exact
     through fma; the second starts from a faithful q, so it returns RN(x / s) (Markstein 1990), as
     long as s and x/s stay clear of under/overflow: callers guarantee s in [2^-80, 2^80] (or NaN)
-    and |x/s| <= fmax * (1 + 2^-23). The remainder is negated (fma(q, s, -x)) so that x = -0 gives -0.
+    and |x/s| <= fmax * (1 + 2^-23). A zero quotient takes x's sign bit afterwards, as IEEE division
+    gives it (s > 0): compiled, the chain above gave +0 for x = -0 on an H100 (tests/fp8/test_kernels.py).
     """
     if DIV == 1:
         q = x * y
@@ -207,6 +208,8 @@ def _quot(x, s, y, DIV: tl.constexpr):
         q = x * yb
         q = tl.fma(-tl.fma(q, sb, -x), yb, q)
         q = tl.fma(-tl.fma(q, sb, -x), yb, q)
+        sign = (x.to(tl.uint32, bitcast=True) & 0x80000000).to(tl.float32, bitcast=True)
+        q = tl.where(q == 0, sign, q)
     else:
         q = tl.math.div_rn(x, s)
     return q
