@@ -318,6 +318,9 @@ def main(argv=None):
                    "at tokens x ffn shapes (--shapes, default the Qwen2.5 0.5B/1.5B/7B ffn sizes)")
     p.add_argument("--only", choices=["both", "cols", "rows", "block", "scalar", "amax", "two_level"],
                    help="with --sweep: only this kernel's configurations")
+    p.add_argument("--kernels", default="",
+                   help="only the rows whose kernel name contains this text (e.g. 'both layouts'); a fresh "
+                        "machine compiles and autotunes every kernel's configurations first, minutes in all")
     args = p.parse_args(argv)
     bw = copy_bandwidth_gbs()
     if args.swiglu:
@@ -335,9 +338,12 @@ def main(argv=None):
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         for tag, k in impls:
             for name, fn, nbytes in cases(x, k):
+                if args.kernels not in name:
+                    continue
                 ms = bench_ms(fn)
                 gbs = nbytes / ms / 1e6
                 rows.append({"shape (bf16)": shape, "kernel": tag + name, "ms": ms, "GB/s": gbs, "% of copy BW": 100 * gbs / bw})
+                print(rows[-1], flush=True)
         x = None  # free it before the next shape
         torch.cuda.empty_cache()
     sections = [f"measured copy bandwidth (read+write): {bw:.0f} GB/s", markdown_table(rows)]

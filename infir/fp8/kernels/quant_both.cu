@@ -51,7 +51,8 @@ constexpr int TILE_THREADS = 256;      // threads per 128x128 tile a block quant
 constexpr int XS_PITCH = TILE + 8;     // bf16 elements per shared row: 16-byte rows, conflict-free word columns
 constexpr int QS_PITCH = TILE + 16;    // bytes per staged FP8 row of X^T
 constexpr int XS_BYTES = TILE * XS_PITCH * 2, QS_BYTES = TILE * QS_PITCH;
-constexpr int TILE_SMEM = XS_BYTES + QS_BYTES + 4 * TILE * 4;  // 55,296 a tile: four tiles fit an SM
+static_assert(QS_BYTES <= XS_BYTES, "X^T's staged bytes reuse the bf16 tile's shared memory");
+constexpr int TILE_SMEM = XS_BYTES + 4 * TILE * 4;  // 36,864 a tile: five plain tiles (registers allow five) fit an SM
 
 // 1/s for UE8M0 scales (a power of two, 1, or NaN): exact, so x * inv is the rounded quotient.
 __device__ __forceinline__ float inv_pow2(float s) {
@@ -102,7 +103,7 @@ __device__ __forceinline__ void quant_row8(const uint4& v, uint8_t* dst, float* 
 
 // X itself: one tile a block.
 struct Bf16Rows {
-  static constexpr int TILES = 1, LOADS_LO = 4, LOADS_HI = 8;
+  static constexpr int TILES = 1, LOADS_LO = 4, LOADS_HI = 8, BLOCKS_PER_SM = 5;
   const __nv_bfloat16* x;
   long long ldx;
   using Raw = uint4;
@@ -122,7 +123,7 @@ __device__ __forceinline__ float2 fp8x2_to_float2(uint16_t v, bool e5m2) {
 // (1x128 scales, row-major [M, 2F/128]) and dY [M, F]: block j's two tiles are dgate's block j and
 // dup's block nfb + j, so each input is read once and each sigmoid computed once.
 struct SwigluBwdRows {
-  static constexpr int TILES = 2, LOADS_LO = 2, LOADS_HI = 4;
+  static constexpr int TILES = 2, LOADS_LO = 2, LOADS_HI = 4, BLOCKS_PER_SM = 2;
   const uint8_t* qh;
   const float* sh;
   const __nv_bfloat16* dy;
@@ -177,7 +178,7 @@ struct SwigluBwdRows {
 // is y's block j, from h's blocks j and nfb + j, which it also writes as h's FP8 copy for the
 // backward (1x128 scales, qh [M, 2F], sh [M, 2F/128] row-major, in h's own formats).
 struct SwigluFwdRows {
-  static constexpr int TILES = 1, LOADS_LO = 2, LOADS_HI = 4;
+  static constexpr int TILES = 1, LOADS_LO = 2, LOADS_HI = 4, BLOCKS_PER_SM = 4;
   const __nv_bfloat16* h;
   long long ldh;
   int nfb;
@@ -222,7 +223,7 @@ struct SwigluFwdRows {
 // One block: Src::TILES tiles of 128 rows x 128 columns, 256 threads a tile. LOADS: rows loaded per
 // thread before any is processed (of its 8 / TILES: 4 or 8 for X, 2 or 4 for SwiGLU's backward).
 template <class Src, bool UE8M0, bool E5M2, int LOADS>
-__global__ void __launch_bounds__(TILE_THREADS * Src::TILES, 4 / Src::TILES) quant_token_both(
+__global__ void __launch_bounds__(TILE_THREADS * Src::TILES, Src::BLOCKS_PER_SM) quant_token_both(
     const Src src, uint8_t* __restrict__ q, float* __restrict__ s,
     uint8_t* __restrict__ qt, float* __restrict__ st, int M, int K) {
   constexpr int T = Src::TILES;
@@ -266,8 +267,8 @@ __global__ void __launch_bounds__(TILE_THREADS * Src::TILES, 4 / Src::TILES) qua
   const int tile = tid / TILE_THREADS, ttid = tid % TILE_THREADS;
   unsigned char* tsm = smem + tile * TILE_SMEM;
   __nv_bfloat16(*xs)[XS_PITCH] = reinterpret_cast<__nv_bfloat16(*)[XS_PITCH]>(tsm);
-  uint8_t(*qs)[QS_PITCH] = reinterpret_cast<uint8_t(*)[QS_PITCH]>(tsm + XS_BYTES);
-  float(*col_amax)[TILE] = reinterpret_cast<float(*)[TILE]>(tsm + XS_BYTES + QS_BYTES);
+  uint8_t(*qs)[QS_PITCH] = reinterpret_cast<uint8_t(*)[QS_PITCH]>(tsm);  // over xs, once it is read
+  float(*col_amax)[TILE] = reinterpret_cast<float(*)[TILE]>(tsm + XS_BYTES);
   const long long k0 = (long long)src.out_block(bx, tile) * TILE;
   const int warp = ttid >> 5, lane = ttid & 31;
   const int cp = (warp & 1) * 32 + lane;   // column pair 0..63
@@ -290,10 +291,11 @@ __global__ void __launch_bounds__(TILE_THREADS * Src::TILES, 4 / Src::TILES) qua
   const float s0 = scale_from_amax<UE8M0>(a0, FMAX), s1 = scale_from_amax<UE8M0>(a1, FMAX);
   const float i0 = UE8M0 ? inv_pow2(s0) : 0.f, i1 = UE8M0 ? inv_pow2(s1) : 0.f;
   if (quarter == 0) *reinterpret_cast<float2*>(st + m0 / TILE * K + k0 + 2 * cp) = make_float2(s0, s1);
-  // X^T rows 2cp and 2cp+1, bytes quarter*32 .. +32 of each, staged in shared memory 16 at a time
+  // X^T rows 2cp and 2cp+1, bytes quarter*32 .. +32 of each: quantized into registers, then, once
+  // every thread has read its columns, staged in shared memory over the bf16 tile
+  uint32_t p0[2][4], p1[2][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint32_t p0[4], p1[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float v0[4], v1[4];
@@ -303,11 +305,15 @@ __global__ void __launch_bounds__(TILE_THREADS * Src::TILES, 4 / Src::TILES) qua
         v0[u] = quot<UE8M0>(p.x, s0, i0);
         v1[u] = quot<UE8M0>(p.y, s1, i1);
       }
-      p0[j] = fp8x2<E5M2>(v0[0], v0[1]) | (fp8x2<E5M2>(v0[2], v0[3]) << 16);
-      p1[j] = fp8x2<E5M2>(v1[0], v1[1]) | (fp8x2<E5M2>(v1[2], v1[3]) << 16);
+      p0[h][j] = fp8x2<E5M2>(v0[0], v0[1]) | (fp8x2<E5M2>(v0[2], v0[3]) << 16);
+      p1[h][j] = fp8x2<E5M2>(v1[0], v1[1]) | (fp8x2<E5M2>(v1[2], v1[3]) << 16);
     }
-    *reinterpret_cast<uint4*>(&qs[2 * cp][quarter * 32 + 16 * h]) = make_uint4(p0[0], p0[1], p0[2], p0[3]);
-    *reinterpret_cast<uint4*>(&qs[2 * cp + 1][quarter * 32 + 16 * h]) = make_uint4(p1[0], p1[1], p1[2], p1[3]);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    *reinterpret_cast<uint4*>(&qs[2 * cp][quarter * 32 + 16 * h]) = make_uint4(p0[h][0], p0[h][1], p0[h][2], p0[h][3]);
+    *reinterpret_cast<uint4*>(&qs[2 * cp + 1][quarter * 32 + 16 * h]) = make_uint4(p1[h][0], p1[h][1], p1[h][2], p1[h][3]);
   }
   __syncthreads();
   // Full 128-byte lines of X^T: 8 threads per row, 32 rows per pass.

@@ -144,11 +144,12 @@ def bwd_quant_ok(q: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> 
 
 
 def swiglu_fp8_bwd_quant(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, scale_format: str, fmt: str,
-                         loads: int = 2):
+                         loads: int = 4):
     """swiglu_fp8_bwd(q, s, dy2, bf16) quantized per token in both layouts, dh never written: (q [M, 2F],
     scales, q^T [2F, M], scales), the layouts of quantize_token_triton(rows=True, cols=True), by
     quant_both.cu; where that library is not built (no nvcc, INFIR_CUDA_KERNELS=0), by the unfused pair.
-    loads: rows loaded ahead per thread, 2 or 4 (4 spills a few registers: ptxas -v)."""
+    loads: rows loaded ahead per thread, 2 or 4 (4: 1.07-1.09x faster at the Qwen2.5 ffn sizes since
+    the kernel's shared memory shrank, bench/quant.py --swiglu; its FP32-scale variant spills 4 bytes)."""
     if cuda_build.load("quant_both", q.device) is None:
         a, b = qk.quantize_token_triton(swiglu_fp8_bwd(q, s, dy2, torch.bfloat16), scale_format, fmt, rows=True, cols=True)
         return a.data, a.scale, b.data, b.scale
