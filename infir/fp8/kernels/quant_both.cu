@@ -229,8 +229,9 @@ __global__ void __launch_bounds__(TILE_THREADS * Src::TILES, Src::BLOCKS_PER_SM)
   constexpr int T = Src::TILES;
   static_assert((8 / T) % LOADS == 0, "LOADS must divide the row steps");
   constexpr float FMAX = E5M2 ? 57344.f : 448.f;
-  // dynamic shared memory (TILE_SMEM a tile, over the 48 KB static limit): per tile, the bf16 values,
-  // X^T's FP8 bytes staged for full-line stores, and the column maxima of each quarter of the rows
+  // dynamic shared memory (TILE_SMEM a tile, over the 48 KB static limit): per tile, the bf16 values
+  // (then, over them, X^T's FP8 bytes staged for full-line stores) and the column maxima of each
+  // quarter of the rows
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, bx = blockIdx.x, mb = blockIdx.y;
   const long long m0 = (long long)mb * TILE;
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(TILE_THREADS * Src::TILES, Src::BLOCKS_PER_SM)
   // Columns: each tile's 256 threads. A thread owns a pair of adjacent columns (one 32-bit word per
   // row) over a quarter of the tile's rows; a warp reads 32 consecutive words of a row (no bank
   // conflicts). Two passes over shared memory (amax, then quantize) keep the registers low enough
-  // for four tiles an SM.
+  // for Src::BLOCKS_PER_SM blocks an SM.
   const int tile = tid / TILE_THREADS, ttid = tid % TILE_THREADS;
   unsigned char* tsm = smem + tile * TILE_SMEM;
   __nv_bfloat16(*xs)[XS_PITCH] = reinterpret_cast<__nv_bfloat16(*)[XS_PITCH]>(tsm);
