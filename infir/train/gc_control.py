@@ -1,11 +1,10 @@
 """Python's cyclic garbage collector, paced by the training loop (Megatron-LM's --manual-gc).
 
-Why: left automatic, a collection starts wherever the allocation count crosses a threshold: inside
-a step, while the host should be issuing the next kernels. A full collection walks every object
-torch, megatron and dynamo hold (hundreds of thousands), so the GPU idles for as long; a small model's step,
-whose host barely keeps ahead of the GPU, is the first to show it. Under `StepGC(n)` the automatic
-collector is off, everything alive at entry is frozen (moved out of later collections' walk), and
-`after_step` collects every n steps, at a step boundary, so step times stop jittering.
+Why: left automatic, a collection starts wherever an allocation count crosses a threshold, often
+inside a step while the host should be issuing kernels; a full one walks every object torch,
+megatron and dynamo hold. Where the host is only just ahead of the GPU (a small model's step), the
+GPU waits meanwhile. Under `StepGC(n)` the automatic collector is off, everything alive at entry is
+frozen (out of later collections' walk), and `after_step` collects every n steps, at a step boundary.
 The training loop's garbage is mostly freed by reference counting; cycles wait at most n steps.
 """
 from __future__ import annotations
