@@ -319,8 +319,8 @@ def main(argv=None):
     p.add_argument("--only", choices=["both", "cols", "rows", "block", "scalar", "amax", "two_level"],
                    help="with --sweep: only this kernel's configurations")
     p.add_argument("--kernels", default="",
-                   help="only the rows whose kernel name contains this text (e.g. 'both layouts'); a fresh "
-                        "machine compiles and autotunes every kernel's configurations first, minutes in all")
+                   help="the default table: only the rows whose kernel name contains this text (e.g. 'both layouts'); "
+                        "without it a fresh machine compiles and autotunes every kernel's configurations, minutes in all")
     args = p.parse_args(argv)
     bw = copy_bandwidth_gbs()
     if args.swiglu:

@@ -23,7 +23,7 @@ class StepGC:
             raise ValueError(f"gc interval must be null or an integer >= 1, got {interval!r}")
         self.interval = interval
         self.collections = 0
-        self.seconds = 0.0  # time spent in after_step's collections (logged by the trainer)
+        self.seconds = 0.0  # time spent in after_step's collections
         self._was_enabled = None
 
     def __enter__(self) -> "StepGC":

@@ -58,3 +58,19 @@ def test_special_scales_zero_gives_one_nonfinite_gives_nan(fmt):
 def test_unknown_scale_format_names_the_options():
     with pytest.raises(ValueError, match="ue8m0"):
         round_scale(torch.ones(1), "e8m0")
+
+
+@pytest.mark.parametrize("fmt_name", ["e4m3", "e5m2"])
+def test_ue8m0_scale_shortcut_of_the_cuda_kernels_equals_the_reference(fmt_name):
+    """fp8_common.cuh's scale_from_amax<UE8M0> skips the division where RN(amax / fmax) is normal:
+    e = E - k + (mantissa > 0x600000), fmax = 1.75 * 2^k. Held to the reference on every float32
+    mantissa at the fast path's lowest exponents and at a few ordinary and top ones."""
+    from infir.fp8.formats import get_format, scale_from_amax
+
+    fmt = get_format(fmt_name)
+    k = int(math.log2(fmt.max / 1.75))
+    mant = torch.arange(1 << 23, dtype=torch.int32)
+    for E in [k - 125, k - 124, k - 123, -1, 0, 9, 127]:  # k - 125: the lowest exponent the shortcut takes
+        amax = ((E + 127) << 23 | mant).view(torch.float32)
+        shortcut = exp2_float32(E - k + (mant > 0x600000).to(torch.int32))
+        assert torch.equal(shortcut, scale_from_amax(amax, fmt, "ue8m0")), f"exponent {E}"

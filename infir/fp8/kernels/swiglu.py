@@ -181,8 +181,8 @@ def swiglu_fp8_fwd_quant(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scal
     """swiglu_fp8_fwd(h2, h_scale_format, h_fmt) with y quantized per token in both layouts, y never
     written: (h2's FP8 data [M, 2F], its scales [M, 2F/128] row-major, y's q [M, F], scales, q^T
     [F, M], scales), y's in the layouts of quantize_token_triton(rows=True, cols=True), by
-    quant_both.cu; where that library is not built, by the unfused pair. loads: 2 or 4 rows ahead (2:
-    1.05-1.09x faster at the Qwen2.5 ffn sizes, bench/quant.py --swiglu)."""
+    quant_both.cu; where that library is not built, by the unfused pair. loads: 2 or 4 rows ahead (within
+    2% of each other at the Qwen2.5 ffn sizes since the kernel's shared memory shrank, bench/quant.py --swiglu)."""
     if cuda_build.load("quant_both", h2.device) is None:
         y, qh, sh = swiglu_fp8_fwd(h2, h_scale_format, h_fmt)
         a, b = qk.quantize_token_triton(y, scale_format, fmt, rows=True, cols=True)
