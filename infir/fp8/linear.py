@@ -76,19 +76,40 @@ class WeightCache:
             self.autoscaler.step(lr)
         self.invalidate()
 
+    @staticmethod
+    def key(weight: torch.Tensor, recipe: Recipe) -> tuple:
+        return (weight.data_ptr(), weight._version, weight.dtype, recipe)
+
+    def fresh(self, weight: torch.Tensor, recipe: Recipe) -> bool:
+        """Whether the cached copy is of this weight as it is now."""
+        return self._key == self.key(weight, recipe)
+
     def get(self, weight: torch.Tensor, recipe: Recipe) -> QTensor:
-        key = (weight.data_ptr(), weight._version, weight.dtype, recipe)
-        if key != self._key:
-            q = self._quantize(weight.detach(), recipe)
-            if q.granularity == "block":
-                # fprop's and dgrad's scale layouts, made here (eager, once a step) so that a
-                # compiled layer gets them as inputs instead of rebuilding them every micro-batch
-                # (on any device: the compiled graph then has one structure wherever it is traced)
-                scaled_mm_scale(q)
-                scaled_mm_scale(q, transposed=True)
-            self.q = _refill(self.q, q)
-            self._key = key
+        if not self.fresh(weight, recipe):
+            self.q = _refill(self.q, self._quantized(weight, recipe))
+            self._key = self.key(weight, recipe)
         return self.q
+
+    def refill(self, weight: torch.Tensor, recipe: Recipe) -> None:
+        """Quantize `weight` into the tensors the cache already holds, allocating none that outlives
+        the call: the step a CUDA graph of every layer's refresh records (WeightRefresh). The cache
+        is marked fresh by mark_fresh once the graph has run."""
+        if self.q is None or _refill(self.q, self._quantized(weight, recipe)) is not self.q:
+            raise RuntimeError("WeightCache.refill needs a cached copy of the same shapes and formats "
+                               "(fill it with get() first)")
+
+    def mark_fresh(self, weight: torch.Tensor, recipe: Recipe) -> None:
+        self._key = self.key(weight, recipe)
+
+    def _quantized(self, weight: torch.Tensor, recipe: Recipe) -> QTensor:
+        q = self._quantize(weight.detach(), recipe)
+        if q.granularity == "block":
+            # fprop's and dgrad's scale layouts, made here (eager, once a step) so that a
+            # compiled layer gets them as inputs instead of rebuilding them every micro-batch
+            # (on any device: the compiled graph then has one structure wherever it is traced)
+            scaled_mm_scale(q)
+            scaled_mm_scale(q, transposed=True)
+        return q
 
     def _quantize(self, w: torch.Tensor, recipe: Recipe) -> QTensor:
         sf, fmt = recipe.scale_format, recipe.fmt

@@ -144,6 +144,87 @@ def test_compiled_fp8_linear_sees_weight_updates_with_or_without_the_refresh_hoo
                 assert torch.equal(compiled(x), ref), (hooked, scale)
 
 
+class _Layers(torch.nn.Module):
+    """A few FP8 linears of Qwen-like odd shapes (K-blocks not a multiple of 4), summed."""
+
+    def __init__(self, device, shapes=((384, 256), (256, 640), (896, 384))):
+        from infir.model.fp8_linears import _Fp8
+
+        class Bare(_Fp8, torch.nn.Module):
+            def __init__(self, n, k):
+                torch.nn.Module.__init__(self)
+                self._init_fp8()
+                self.weight = torch.nn.Parameter(torch.randn(n, k, device=device) * 0.05)
+
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Bare(n, k) for n, k in shapes)
+
+    def forward(self):
+        return None
+
+
+def _refresh_of(model):
+    from infir.model.fp8_linears import WeightRefresh, attach_weight_refresh
+
+    attach_weight_refresh(model)
+    return next(h for h in model._forward_pre_hooks.values() if isinstance(h, WeightRefresh))
+
+
+def _caches_equal_a_fresh_quantization(model):
+    from infir.fp8.linear import _tensors
+
+    for m in model.layers:
+        assert m.weight_cache.fresh(m.weight, m.fp8_recipe)
+        want = WeightCache().get(m.weight, m.fp8_recipe)
+        for a, b in zip(_tensors(m.weight_cache.q), _tensors(want)):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                                   b.view(torch.uint8) if b.element_size() == 1 else b)
+
+
+def test_weight_refresh_on_cpu_requantizes_eagerly():
+    """Off the GPU the refresh re-quantizes each changed weight eagerly and records no graph."""
+    model = _Layers("cpu")
+    refresh = _refresh_of(model)
+    for scale in (None, 2.0):
+        if scale:
+            with torch.no_grad():
+                for m in model.layers:
+                    m.weight.mul_(scale)
+        model()
+        _caches_equal_a_fresh_quantization(model)
+    assert refresh.graph is None
+
+
+@pytest.mark.gpu
+def test_weight_refresh_replays_one_cuda_graph_per_step_gpu():
+    """After the first (eager) fill, the refresh records every weight's re-quantization as one CUDA
+    graph and replays it after each update: the caches, at the addresses the layers' graphs read, equal
+    a fresh quantization bit for bit. A weight moved to new storage makes it record again."""
+    model = _Layers("cuda")
+    refresh = _refresh_of(model)
+    model()
+    assert refresh.graph is None  # the first fill is eager (and warms the quantizers up)
+    addresses = [m.weight_cache.q.data.data_ptr() for m in model.layers]
+    graphs = []
+    for step in range(3):
+        with torch.no_grad():
+            for m in model.layers:  # as an optimizer step does: in place, every weight
+                m.weight.add_(torch.randn_like(m.weight) * 0.01)
+        model()
+        _caches_equal_a_fresh_quantization(model)
+        graphs.append(refresh.graph)
+        model()  # a second micro-batch: nothing stale, nothing replayed
+    assert graphs[0] is not None and graphs[1] is graphs[0] and graphs[2] is graphs[0]
+    assert [m.weight_cache.q.data.data_ptr() for m in model.layers] == addresses
+    first = model.layers[0]
+    first.weight.data = first.weight.data.clone() * 3  # new storage: the recorded graph would read the old one
+    model()
+    _caches_equal_a_fresh_quantization(model)
+    assert refresh.graph is not graphs[0]
+
+
 def test_weight_cache_prepares_scaled_mm_scale_layouts_once_per_weight_version():
     """The compiled path's GEMMs take the weight's (and W^T's) scales in scaled_mm's layout from the
     weight cache: made when the weight is quantized, equal to the per-call layout, and remade only
