@@ -22,6 +22,7 @@ import bisect
 import gc
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from _common import base_parser, bench_ms, emit, markdown_table  # noqa: E402
 from hf_peer import HF_PRECISIONS  # noqa: E402
 
 SPEC_PEAK = 989.0
+CLOCK_SAMPLE_MS = 0.0  # --clock-sample-ms: how often PowerMeter reads the SM clock (0: never)
 
 
 def block_shapes(size, tp: int = 1) -> list[tuple[int, int]]:
@@ -112,12 +114,16 @@ def classify(name: str) -> str:
 def profile_step(trainer) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
+    meter = PowerMeter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         trainer.train_step(trainer.step)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    print(f"profiled step wall time: {wall * 1e3:.1f} ms (profiler overhead included)", flush=True)
+    meter.close()
+    clock = meter.mean_clock(t0, t0 + wall)
+    print(f"profiled step wall time: {wall * 1e3:.1f} ms (profiler overhead included)"
+          + ("" if clock is None else f"; mean SM clock {clock:.0f} MHz"), flush=True)
     host_report(prof)
     share: dict[str, float] = {}
     kernels = []
@@ -233,6 +239,50 @@ def gap_histogram(gaps_us: list[float]) -> list[tuple[str, int, float]]:
     return rows
 
 
+class PowerMeter:
+    """This GPU's energy and the time its clocks were held down by the power cap, read from NVML's
+    running counters around each timed step, and (every CLOCK_SAMPLE_MS, from a thread) its SM clock.
+    An H100 under load sits at its power cap and moves its SM clock: these readings tell a difference
+    between two runs' steps that is the GPU's from one that is the code's (at 0.5B the FP8 steps that
+    ran 20 ms over their kernel time did so at a higher clock than BF16's: the host, not the power cap;
+    BENCHMARKS.md). Without NVML (pynvml not installed) it reads nothing."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            props = torch.cuda.get_device_properties(torch.cuda.current_device())
+            bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            self.nvml, self.handle = pynvml, pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+        except Exception as e:  # no pynvml, no driver access: the bench runs on without these columns
+            print(f"NVML unavailable ({e}); no per-step power readings", flush=True)
+            self.nvml = None
+        if self.nvml is not None and CLOCK_SAMPLE_MS > 0:
+            threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(CLOCK_SAMPLE_MS / 1e3):
+            self.samples.append((time.perf_counter(), self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)))
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def mean_clock(self, t0: float, t1: float) -> float | None:
+        """The mean of the SM clock samples (MHz) taken in [t0, t1)."""
+        inside = [c for t, c in self.samples if t0 <= t < t1]
+        return sum(inside) / len(inside) if inside else None
+
+    def read(self) -> tuple[float, float] | None:
+        """(energy in J, power-capped seconds), both counted since the driver loaded."""
+        if self.nvml is None:
+            return None
+        capped = self.nvml.nvmlDeviceGetViolationStatus(self.handle, self.nvml.NVML_PERF_POLICY_POWER)
+        return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1e3, capped.violationTime / 1e9
+
+
 def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, gpus: int = 1) -> dict:
     """step(i) three times to warm up (compile, autotune), then `steps` timed: the throughput
     columns (from the median step time; TFLOP/s and MFU per GPU of the `gpus` sharing the step), and
@@ -240,13 +290,25 @@ def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, g
     for i in range(3):
         step(i)
     torch.cuda.synchronize()
-    times = []
+    times, spans, power, meter = [], [], [], PowerMeter()
     for i in range(steps):  # every step ends in a host sync (the loss's .item()), so timing each adds none
+        before = meter.read()
         t0 = time.perf_counter()
         step(3 + i)
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        spans.append((t0, time.perf_counter()))
+        times.append(spans[-1][1] - t0)
+        after = meter.read()
+        if before and after:
+            power.append(((after[0] - before[0]) / times[-1], after[1] - before[1]))
+    meter.close()
     print("timed steps (ms): " + " ".join(f"{1e3 * t:.1f}" for t in times), flush=True)
+    if power:
+        print("their mean power (W): " + " ".join(f"{w:.0f}" for w, _ in power), flush=True)
+        print("their time under the power cap (ms): " + " ".join(f"{1e3 * c:.0f}" for _, c in power), flush=True)
+    clocks = [meter.mean_clock(*span) for span in spans]
+    if any(c is not None for c in clocks):
+        print("their mean SM clock (MHz): " + " ".join("-" if c is None else f"{c:.0f}" for c in clocks), flush=True)
     dt = sorted(times)[len(times) // 2]  # the median: one slow step (a late allocation, a hiccup) sways a mean of few
     tps = tokens_per_step / dt
     tflops = tps * flops_per_token / 1e12 / gpus
@@ -375,12 +437,16 @@ def main() -> None:
     p.add_argument("--precision", nargs="+", default=["bf16"])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--clock-sample-ms", type=float, default=0.0,
+                   help="also read the SM clock this often (ms) from a thread and print each step's mean")
     p.add_argument("--parallel", default="single", help="a conf/parallel name (tp2: launch 2 ranks with torchrun)")
     p.add_argument("--cases", nargs="*", default=None,
                    help="explicit MODEL:RECOMPUTE:PRECISION[+OVERRIDE,...] triples instead of the full cross "
                         "product (overrides: Hydra ones for that case); "
                         f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
+    global CLOCK_SAMPLE_MS
+    CLOCK_SAMPLE_MS = args.clock_sample_ms
     rank = int(os.environ.get("RANK", "0"))
     reporting = rank == 0  # every rank runs every case; rank 0 reports
     if not reporting:  # the other ranks' own timings and profiles: a slow rank shows up in its log
