@@ -120,7 +120,7 @@ def main(argv=None):
                      "old ms": med["old"], "new ms": med["new"], "old/new": med["old"] / med["new"],
                      "old % copy BW": 100 * nbytes / med["old"] / 1e6 / bw,
                      "new % copy BW": 100 * nbytes / med["new"] / 1e6 / bw,
-                     "rounds (old | new)": " ".join(f"{t * 1e3:.1f}" for t in times["old"]) + " | "
+                     "rounds (old / new)": " ".join(f"{t * 1e3:.1f}" for t in times["old"]) + " / "
                      + " ".join(f"{t * 1e3:.1f}" for t in times["new"])})
         print(rows[-1], flush=True)
         side = None
