@@ -1,0 +1,101 @@
+"""Where a training step's time goes between the host and the GPU: one trainer's steps timed
+several ways, and the GPU time between its micro-batches' starts.
+
+Qwen2.5-0.5B, seq 4096, micro-batch 2, 4 micro-batches a step (bench/step.py's 0.5B case), for one
+precision recipe. Its steps are timed
+  plain; under torch.profiler (CPU and CUDA activities, each alone); with a host sync before each
+  micro-batch (no run-ahead); plain again;
+then CUDA events at each micro-batch's start give the GPU time from one start to the next (and from
+the last one to the step's end: its backward, the grad norm and the optimizer), plainly and profiled.
+A first micro-batch longer than the others is work done once a step before it (FP8: the weights'
+re-quantization after the optimizer step, bench results in BENCHMARKS.md).
+
+    python bench/step_phases.py fp8_blockwise_ue8m0
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from infir.train.cli import compose  # noqa: E402
+from infir.train.loop import Trainer  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("precision", help="a conf/precision name (bf16, fp8_blockwise_ue8m0, ...)")
+    prec = p.parse_args().precision
+    cfg = compose(["parallel=single", "model=qwen2.5-0.5b", f"precision={prec}", "data=synthetic", "logger=none",
+                   "scale=full", "model.cpu_init=false", "model.recompute=none", "stage.seq_length=4096",
+                   "stage.micro_batch=2", "stage.global_batch=8", "stage.iters=200", "stage.warmup_iters=10",
+                   f"run_dir=/tmp/step_phases/{prec}", "train.save_interval=1000000", "train.eval_interval=0"])
+    tr = Trainer(cfg)
+    for i in range(4):
+        tr.train_step(i)
+    torch.cuda.synchronize()
+    forward = tr._forward
+
+    def timed(n, ctx=contextlib.nullcontext, sync_mb=False):
+        if sync_mb:
+            def synced(mb):
+                torch.cuda.synchronize()
+                return forward(mb)
+            tr._forward = synced
+        ts = []
+        for i in range(n):
+            with ctx():
+                t0 = time.perf_counter()
+                tr.train_step(10 + i)
+                torch.cuda.synchronize()
+                ts.append(1e3 * (time.perf_counter() - t0))
+        tr._forward = forward
+        return ts
+
+    def show(name, ts):
+        print(f"{prec:22s} {name:34s} median {statistics.median(ts):6.1f}  " + " ".join(f"{t:.1f}" for t in ts),
+              flush=True)
+
+    profiled = lambda *acts: (lambda: profile(activities=list(acts)))
+    show("plain", timed(8))
+    show("profiler CPU+CUDA", timed(4, profiled(ProfilerActivity.CPU, ProfilerActivity.CUDA)))
+    show("profiler CPU only", timed(4, profiled(ProfilerActivity.CPU)))
+    show("profiler CUDA only", timed(4, profiled(ProfilerActivity.CUDA)))
+    show("sync before each micro-batch", timed(8, sync_mb=True))
+    show("plain again", timed(8))
+
+    starts = []
+
+    def marked(mb):
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        starts.append(e)
+        return forward(mb)
+
+    tr._forward = marked
+    ctxs = [contextlib.nullcontext] * 3 + [profiled(ProfilerActivity.CPU, ProfilerActivity.CUDA)] * 2
+    for i, ctx in enumerate(ctxs):
+        starts.clear()
+        end = torch.cuda.Event(enable_timing=True)
+        with ctx():
+            t0 = time.perf_counter()
+            tr.train_step(30 + i)
+            end.record()
+            torch.cuda.synchronize()
+            wall = 1e3 * (time.perf_counter() - t0)
+        spans = [a.elapsed_time(b) for a, b in zip(starts, starts[1:])]
+        print(f"{prec:22s} events{' (profiled)' if i >= 3 else ''}: wall {wall:.1f}; micro-batch starts apart (ms): "
+              + " ".join(f"{s:.1f}" for s in spans) + f"; last mb start -> step end {starts[-1].elapsed_time(end):.1f}",
+              flush=True)
+    tr._forward = forward
+
+
+if __name__ == "__main__":
+    main()
