@@ -19,9 +19,9 @@ torch.compile: inside a compiled layer the linear runs `infir.fp8.traced` (its q
 custom ops over the same Triton kernels and scaled_mm), so the layer stays one graph and the host
 issues it from generated code; launched from Python between graph breaks, the
 eager path made the 1.5B FP8 step host-bound (the GPU waited on the CPU). The traced path cannot look
-after the weight cache, so `attach_weight_refresh` (a forward pre-hook on the model, eager) re-quantizes
-any weight that changed before each forward; a linear without that hook keeps the eager path even
-when compiled, so it never reads a stale FP8 weight. The sequence-parallel FP8 all-gather of per-token
+after the weight cache, so `attach_weight_refresh` (a forward pre-hook on the model; on a GPU, one CUDA
+graph replayed a step: WeightRefresh) re-quantizes any weight that changed before each forward; a
+linear without that hook keeps the eager path even when compiled, so it never reads a stale FP8 weight. The sequence-parallel FP8 all-gather of per-token
 activations (the blockwise recipes) is traced too, as functional collectives inside the graph; eager
 callers, the FP8 health monitor's steps and the per-tensor recipe's gather (its amax all-reduce)
 keep the Triton path, outside the graph.
