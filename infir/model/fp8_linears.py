@@ -188,11 +188,12 @@ class WeightRefresh:
                 m.weight.grad_added_to_main_grad = True
 
     def _graphable(self) -> bool:
-        """Every weight on a GPU, quantized per block, and already cached once (the eager fill is
-        also the quantizers' warm-up: no autotuning runs inside a capture)."""
+        """Every weight on a GPU, quantized per block, and already cached once at its present shape
+        (the eager fill is also the quantizers' warm-up: no autotuning runs inside a capture; a
+        weight of a new shape is refilled eagerly, into new tensors, before a graph is recorded)."""
         return bool(self.linears) and all(
             m.weight.is_cuda and m.fp8_recipe.weight == "block" and m.weight_cache.q is not None
-            for m in self.linears)
+            and m.weight_cache.q.data.shape == m.weight.shape for m in self.linears)
 
     def _replay(self) -> None:
         # the addresses the graph reads and writes: a weight or cache tensor moved means a new recording
