@@ -265,7 +265,8 @@ class PowerMeter:
 
     def _sample(self) -> None:
         while not self._stop.wait(CLOCK_SAMPLE_MS / 1e3):
-            self.samples.append((time.perf_counter(), self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)))
+            clock = self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM)
+            self.samples.append((time.perf_counter(), clock))
 
     def close(self) -> None:
         self._stop.set()

@@ -21,10 +21,10 @@ issues it from generated code; launched from Python between graph breaks, the
 eager path made the 1.5B FP8 step host-bound (the GPU waited on the CPU). The traced path cannot look
 after the weight cache, so `attach_weight_refresh` (a forward pre-hook on the model; on a GPU, one CUDA
 graph replayed a step: WeightRefresh) re-quantizes any weight that changed before each forward; a
-linear without that hook keeps the eager path even when compiled, so it never reads a stale FP8 weight. The sequence-parallel FP8 all-gather of per-token
-activations (the blockwise recipes) is traced too, as functional collectives inside the graph; eager
-callers, the FP8 health monitor's steps and the per-tensor recipe's gather (its amax all-reduce)
-keep the Triton path, outside the graph.
+linear without that hook keeps the eager path even when compiled, so it never reads a stale FP8
+weight. The sequence-parallel FP8 all-gather of per-token activations (the blockwise recipes) is
+traced too, as functional collectives inside the graph; eager callers, the FP8 health monitor's
+steps and the per-tensor recipe's gather (its amax all-reduce) keep the Triton path, outside the graph.
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ class WeightRefresh:
     refresh re-quantizes them all before the step's first forward, when the GPU has nothing queued:
     issued from Python, a weight at a time (a quantize kernel, two scale layouts, the copies into the
     cache's tensors), that was ~0.25 ms of host time a weight, ~24 ms of an idle GPU a step at
-    Qwen2.5-0.5B's 96 linears (bench/step.py; the first micro-batch took 95 ms, the others 68). Where
+    Qwen2.5-0.5B's 96 linears (bench/step_phases.py: the first micro-batch took 95 ms, the others 68). Where
     every weight is quantized per 128x128 block on a GPU, the refresh is recorded once as a CUDA
     graph and replayed: one launch a step. Its quantizers allocate only temporaries, freed as each
     weight is done, so the graph's private pool holds about one weight's FP8 copy. MOSS's automatic
