@@ -12,6 +12,8 @@
 #   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8 (with and
 #                                          without CUDA graphs), with and without sequence parallelism (+ profile;
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
+#   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
+#                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 ran out of memory)
 # Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
 # outputs/gpu_suite); paste them into BENCHMARKS.md verbatim. Where megatron-core or Hydra is not
@@ -79,10 +81,12 @@ for stage in "$@"; do
         --seq 4096 --mbs 1 --steps 7 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2.md" \
         --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 qwen2.5-7b:none:fp8_blockwise_ue8m0+model.compile_mode=default \
                 "qwen2.5-7b:none:bf16+$NOSP" "qwen2.5-7b:none:fp8_blockwise_ue8m0+$NOSP" ;;
+    phases)
+      for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p"; done ;;
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root "$OUT/parity" --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
-    *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 parity" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
   esac
 done
 exit $status
