@@ -197,6 +197,24 @@ def test_weight_refresh_on_cpu_requantizes_eagerly():
     assert refresh.graph is None
 
 
+def test_weight_refresh_records_a_graph_only_for_gpu_block_weights_cached_at_their_shape():
+    """The graph is taken only where every weight is a CUDA tensor quantized per block whose cache
+    already holds a copy of its shape: a first fill, a weight of a new shape (its cache is reallocated
+    by the eager refresh), a per-tensor recipe or a CPU weight keep the eager refresh."""
+    from types import SimpleNamespace as NS
+
+    from infir.model.fp8_linears import WeightRefresh
+
+    def linear(shape=(256, 128), cached=(256, 128), weight="block", cuda=True):
+        return NS(weight=NS(is_cuda=cuda, shape=torch.Size(shape)), fp8_recipe=NS(weight=weight),
+                  weight_cache=NS(q=None if cached is None else NS(data=NS(shape=torch.Size(cached)))))
+
+    assert WeightRefresh([linear(), linear((512, 256), (512, 256))])._graphable()
+    for odd in (linear(cached=None), linear(shape=(384, 128)), linear(weight="tensor"), linear(cuda=False)):
+        assert not WeightRefresh([linear(), odd])._graphable()
+    assert not WeightRefresh([])._graphable()
+
+
 @pytest.mark.gpu
 def test_weight_refresh_replays_one_cuda_graph_per_step_gpu():
     """After the first (eager) fill, the refresh records every weight's re-quantization as one CUDA
