@@ -162,12 +162,12 @@ class WeightRefresh:
     """attach_weight_refresh's hook. After each optimizer step every weight is stale, and the
     refresh re-quantizes them all before the step's first forward, when the GPU has nothing queued:
     issued from Python, a weight at a time (a quantize kernel, two scale layouts, the copies into the
-    cache's tensors), that was ~0.25 ms of host time a weight, ~24 ms of an idle GPU a step at
-    Qwen2.5-0.5B's 96 linears (bench/step_phases.py: the first micro-batch took 95 ms, the others 68). Where
-    every weight is quantized per 128x128 block on a GPU, the refresh is recorded once as a CUDA
-    graph and replayed: one launch a step. Its quantizers allocate only temporaries, freed as each
-    weight is done, so the graph's private pool holds about one weight's FP8 copy. MOSS's automatic
-    scaling (host-side bookkeeping each step) and CPU runs keep the eager refresh."""
+    cache's tensors), it kept the GPU waiting: at Qwen2.5-0.5B's 96 linears the first micro-batch took
+    95 ms, the second and third 67.5-69.3 (bench/step_phases.py, BENCHMARKS.md). Where every weight is
+    quantized per 128x128 block on a GPU, the refresh is recorded once as a CUDA graph and replayed:
+    one launch a step. Its quantizers allocate only temporaries, freed as each weight is done, so the
+    next weight's reuse them in the graph's private pool. MOSS's automatic scaling (host-side
+    bookkeeping each step) and CPU runs keep the eager refresh."""
 
     def __init__(self, linears: list):
         self.linears = linears

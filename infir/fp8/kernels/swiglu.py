@@ -148,8 +148,9 @@ def swiglu_fp8_bwd_quant(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, sc
     """swiglu_fp8_bwd(q, s, dy2, bf16) quantized per token in both layouts, dh never written: (q [M, 2F],
     scales, q^T [2F, M], scales), the layouts of quantize_token_triton(rows=True, cols=True), by
     quant_both.cu; where that library is not built (no nvcc, INFIR_CUDA_KERNELS=0), by the unfused pair.
-    loads: rows loaded ahead per thread, 2 or 4 (4: 1.07-1.09x faster at the Qwen2.5 ffn sizes since
-    the kernel's shared memory shrank, bench/quant.py --swiglu; its FP32-scale variant spills 4 bytes)."""
+    loads: rows loaded ahead per thread, 2 or 4 (4 is faster at the Qwen2.5 ffn sizes since the kernel's
+    shared memory shrank: 0.131 vs 0.140 ms at 8192x4864, 0.477 vs 0.518 at 8192x18944, bench/quant.py
+    --swiglu; its FP32-scale variant spills 4 bytes)."""
     if cuda_build.load("quant_both", q.device) is None:
         a, b = qk.quantize_token_triton(swiglu_fp8_bwd(q, s, dy2, torch.bfloat16), scale_format, fmt, rows=True, cols=True)
         return a.data, a.scale, b.data, b.scale
@@ -181,8 +182,9 @@ def swiglu_fp8_fwd_quant(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scal
     """swiglu_fp8_fwd(h2, h_scale_format, h_fmt) with y quantized per token in both layouts, y never
     written: (h2's FP8 data [M, 2F], its scales [M, 2F/128] row-major, y's q [M, F], scales, q^T
     [F, M], scales), y's in the layouts of quantize_token_triton(rows=True, cols=True), by
-    quant_both.cu; where that library is not built, by the unfused pair. loads: 2 or 4 rows ahead (within
-    2% of each other at the Qwen2.5 ffn sizes since the kernel's shared memory shrank, bench/quant.py --swiglu)."""
+    quant_both.cu; where that library is not built, by the unfused pair. loads: 2 or 4 rows ahead (about
+    even at the Qwen2.5 ffn sizes since the kernel's shared memory shrank: 0.135 vs 0.137 ms at 8192x4864,
+    0.488 vs 0.484 at 8192x18944, bench/quant.py --swiglu)."""
     if cuda_build.load("quant_both", h2.device) is None:
         y, qh, sh = swiglu_fp8_fwd(h2, h_scale_format, h_fmt)
         a, b = qk.quantize_token_triton(y, scale_format, fmt, rows=True, cols=True)
