@@ -356,22 +356,31 @@ def memory_split(trainer) -> dict[str, float]:
             "mb_peak_GiB": torch.cuda.max_memory_allocated() / 2**30}
 
 
+def bench_config(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, iters: int,
+                 parallel: str, run_dir: str):
+    """The trainer's config for a timed case: synthetic tokens, no logger, checkpoints or validation.
+    precision as run_case takes it."""
+    from infir.train.cli import compose
+
+    name, _, extra = precision.partition("+")
+    return compose([*(o for o in extra.split(",") if o), f"parallel={parallel}",
+        f"model={model}", f"precision={name}", "data=synthetic", "logger=none", "scale=full",
+        "model.cpu_init=false",  # random weights made on the GPU: CPU init of a 7B model takes minutes and times nothing
+        f"model.recompute={recompute}", f"stage.seq_length={seq}", f"stage.micro_batch={mbs}",
+        f"stage.global_batch={mbs * accum}", f"stage.iters={iters}", "stage.warmup_iters=10",
+        f"run_dir={run_dir}", "train.save_interval=1000000", "train.eval_interval=0",
+    ])
+
+
 def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int, profile: bool,
              parallel: str = "single") -> dict:
     """precision: a conf/precision name, optionally followed by "+" and comma-separated Hydra
     overrides (fp8_blockwise_ue8m0+precision.fp8_swiglu_input=false, bf16+parallel.sequence_parallel=false)."""
-    from infir.train.cli import compose
     from infir.train.loop import Trainer
 
-    name, _, extra = precision.partition("+")
-    cfg = compose([*(o for o in extra.split(",") if o), f"parallel={parallel}",
-        f"model={model}", f"precision={name}", "data=synthetic", "logger=none", "scale=full",
-        "model.cpu_init=false",  # random weights made on the GPU: CPU init of a 7B model takes minutes and times nothing
-        f"model.recompute={recompute}", f"stage.seq_length={seq}", f"stage.micro_batch={mbs}",
-        f"stage.global_batch={mbs * accum}", f"stage.iters={steps + 100}", "stage.warmup_iters=10",
-        f"run_dir=/tmp/bench_step/{model}-{name}-{seq}-{recompute}", "train.save_interval=1000000",
-        "train.eval_interval=0",
-    ])
+    name = precision.partition("+")[0]
+    cfg = bench_config(model, seq, mbs, accum, recompute, precision, steps + 100, parallel,
+                       f"/tmp/bench_step/{model}-{name}-{seq}-{recompute}")
     torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(cfg)
     tp = cfg.parallel.tp

@@ -25,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from infir.train.cli import compose  # noqa: E402
+from bench.step import bench_config  # noqa: E402
 from infir.train.loop import Trainer  # noqa: E402
 
 
@@ -33,11 +33,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("precision", help="a conf/precision name (bf16, fp8_blockwise_ue8m0, ...)")
     prec = p.parse_args().precision
-    cfg = compose(["parallel=single", "model=qwen2.5-0.5b", f"precision={prec}", "data=synthetic", "logger=none",
-                   "scale=full", "model.cpu_init=false", "model.recompute=none", "stage.seq_length=4096",
-                   "stage.micro_batch=2", "stage.global_batch=8", "stage.iters=200", "stage.warmup_iters=10",
-                   f"run_dir=/tmp/step_phases/{prec}", "train.save_interval=1000000", "train.eval_interval=0"])
-    tr = Trainer(cfg)
+    tr = Trainer(bench_config("qwen2.5-0.5b", 4096, 2, 4, "none", prec, 200, "single", f"/tmp/step_phases/{prec}"))
     for i in range(4):
         tr.train_step(i)
     torch.cuda.synchronize()
