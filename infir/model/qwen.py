@@ -136,6 +136,9 @@ def transformer_config(
         apply_rope_fusion=False,
         enable_autocast=autocast_dtype is not None,
         autocast_dtype=autocast_dtype,
+        # megatron-core 0.16's default ("full") warns that it is deprecated in favour of [], the same
+        # scope (the whole layer); infir takes its CUDA graphs through torch.compile, not this setting
+        cuda_graph_scope=[],
         **recompute_kwargs,
     )
 
