@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a GPU host checks and times, in stages (name one per call where calls are time-limited):
 #   bash bench/gpu_suite.sh tests          pytest -m gpu over every module that holds gpu tests
-#   bash bench/gpu_suite.sh kernels        bench/quant.py (+ --swiglu), bench/linear.py, bench/wgrad_lt.py, bench/optim.py
+#   bash bench/gpu_suite.sh kernels        bench/quant.py (+ --swiglu), bench/linear.py (+ linear_kernels.py), bench/wgrad_lt.py,
+#                                          bench/optim.py
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -55,6 +56,7 @@ for stage in "$@"; do
       run linear python3 bench/linear.py --out "$OUT/linear.md"
       run linear_compiled python3 bench/linear.py --compiled --cached-weight --torchao "" --out "$OUT/linear_compiled.md"
       run linear_graph python3 bench/linear.py --cuda-graph --cached-weight --torchao "" --out "$OUT/linear_graph.md"
+      run linear_kernels python3 bench/linear_kernels.py --out "$OUT/linear_kernels.md"
       run wgrad_lt python3 bench/wgrad_lt.py --fprop-dgrad --out "$OUT/wgrad_lt.md"
       run optim python3 bench/optim.py --out "$OUT/optim.md" ;;
     step-1.5b)
