@@ -54,9 +54,12 @@ def emit(title: str, sections: list[str], out: str | None) -> str:
 def bench_ms(fn, warmup: int = 10, rep: int = 50, min_reps: int = 10) -> float:
     """Median time of fn in milliseconds (CUDA events through triton.testing.do_bench), over at
     least min_reps runs. do_bench sizes its runs by time alone (rep ms, warmup ms): at rep=50 a
-    20 ms fwd+bwd was the median of 2 timed runs."""
+    20 ms fwd+bwd was the median of 2 timed runs. The run that sizes them is fn's second: a first
+    call that builds, autotunes or compiles can take a minute, and do_bench then ran 2x and 10x that per
+    the estimate (an eager 1024-token FP8 fwd+bwd whose first call built the CUDA kernels ran past 600 s)."""
     import triton.testing
 
+    fn()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
