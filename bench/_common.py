@@ -71,6 +71,37 @@ def bench_ms(fn, warmup: int = 10, rep: int = 50, min_reps: int = 10) -> float:
                                          return_mode="median"))
 
 
+def kernel_times_us(fn, reps: int = 5) -> dict[str, tuple[float, int]]:
+    """GPU us and launches per run of fn, by kernel name, from torch.profiler (a CUDA graph's replay
+    counts each of its kernels)."""
+    import os
+    from collections import defaultdict
+
+    # Kineto tears CUPTI down after each session and re-initialises it lazily at the next. torch keeps it up
+    # under CUDA graphs only for CUDA < 12.6, and profiler + CUDA graph hangs are reported past that; the
+    # callers here profile graph replays, session after session, so CUPTI stays up (a precaution: no hang of
+    # this kind was seen here).
+    os.environ.setdefault("TEARDOWN_CUPTI", "0")
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    us, calls = defaultdict(float), defaultdict(int)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us[e.name] += e.device_time / reps
+            calls[e.name] += 1
+    return {name: (us[name], calls[name] // reps) for name in us}
+
+
+def l2_flush():
+    """What bench_ms (triton's do_bench) runs ahead of each timed run: a 256 MB fill, so that no
+    operand starts in the 50 MB L2. Returns the callable."""
+    buf = torch.empty(256_000_000, dtype=torch.int8, device="cuda")
+    return buf.zero_
+
+
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
     """Measured device-to-device copy bandwidth, counting bytes read + written (the HBM ceiling)."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")

@@ -7,8 +7,10 @@ weight quantized outside the graph, the linear one graph of custom ops); --cuda-
 each side's whole fwd+bwd in one CUDA graph and times its replay, so that neither side pays its
 host's launch cost (the training step runs blockwise FP8 layers under CUDA graphs by default,
 model.compile_mode=auto): the GPU time of the kernels alone. Also reports
-the share of the FP8 step spent in quantization kernels, and GEMM-only rates of the blockwise
-scaled_mm path vs the MOSS two-level Triton GEMM.
+the share of the FP8 step spent in quantization kernels, two ways: the quantizers each timed alone
+(each timing also counts its CUDA events' overhead), and their own GPU time inside the
+timed step, from torch.profiler; and GEMM-only rates of the blockwise scaled_mm path vs the MOSS
+two-level Triton GEMM.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import base_parser, bench_ms, copy_bandwidth_gbs, emit, markdown_table  # noqa: E402
+from bench._common import (base_parser, bench_ms, copy_bandwidth_gbs, emit, kernel_times_us, l2_flush,  # noqa: E402
+                           markdown_table)
 from infir.fp8 import Fp8Linear, fp8_gemm  # noqa: E402
 from infir.fp8 import kernels as kn  # noqa: E402
 from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton  # noqa: E402
@@ -35,10 +38,11 @@ def projections(models):
         yield from [(m, "qkv", h, qkv), (m, "o", h, h), (m, "gate_up", h, 2 * inter), (m, "down", inter, h)]
 
 
-def fwd_bwd_ms(layer, x, dy, before=None, graph=False) -> float:
+def fwd_bwd_ms(layer, x, dy, before=None, graph=False, probe=None) -> float:
     """Median ms of one forward + backward of layer on x with output gradient dy; graph: of the
     replay of one CUDA graph holding it (captured after three warm-up runs on a side stream, where
-    the quantizers pick their kernels and cuBLAS its workspaces)."""
+    the quantizers pick their kernels and cuBLAS its workspaces). probe, when given, is called with
+    the callable that was timed (the step, or the graph's replay) before the graph is freed."""
     def step():
         if before is not None:
             before()
@@ -47,6 +51,8 @@ def fwd_bwd_ms(layer, x, dy, before=None, graph=False) -> float:
         layer(x).backward(dy)
     if not graph:
         ms = bench_ms(step)
+        if probe is not None:
+            probe(step)
     else:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -58,6 +64,8 @@ def fwd_bwd_ms(layer, x, dy, before=None, graph=False) -> float:
         with torch.cuda.graph(g):
             step()
         ms = bench_ms(g.replay)
+        if probe is not None:
+            probe(g.replay)
         del g
     x.grad = layer.weight.grad = None  # graph memory: freed with the graph
     return ms
@@ -102,6 +110,35 @@ def quant_ms(M, K, N, weight=True):
     return (bench_ms(lambda: kn.quantize_token_triton(x, rows=True, cols=True))
             + (bench_ms(lambda: kn.quantize_block_triton(w).t()) if weight else 0.0)
             + bench_ms(lambda: kn.quantize_token_triton(dy, rows=True, cols=True)))
+
+
+def quant_in_step_ms(run, flush, expected_calls: int) -> float:
+    """GPU ms of the quantize kernels inside one timed fwd+bwd (run, after the same L2 flush that
+    bench_ms puts before each run), from torch.profiler. quant_ms times each quantizer alone, which
+    adds an event pair's overhead to every kernel; this is the time they take in the step itself.
+    expected_calls: the quantize launches the recipe makes per fwd+bwd, checked so that a renamed
+    kernel cannot drop out of the sum unseen."""
+    times = kernel_times_us(lambda: (flush(), run()), reps=10)  # the flush's fill kernel is no quantizer
+    quant = {n: v for n, v in times.items() if "quant" in n.lower()}
+    calls = sum(c for _, c in quant.values())
+    if calls != expected_calls:
+        raise RuntimeError(f"expected {expected_calls} quantize kernels per fwd+bwd, the profile shows {calls}: "
+                           f"{sorted(times)}")
+    return sum(us for us, _ in quant.values()) / 1e3
+
+
+def profiled_quant_ms(M, K, N, args, flush) -> float:
+    """quant_in_step_ms of the fp8_blockwise_ue8m0 fwd+bwd at M, K, N, run as the timing loop runs it."""
+    layer = Fp8Linear(K, N, bias=False, recipe="fp8_blockwise_ue8m0", device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
+    calls = 2 if args.cached_weight else 3  # X and dY, and W where it is re-quantized in the step
+    before = None if args.cached_weight else layer.weight_cache.invalidate
+    run = CompiledFp8(layer) if args.compiled else layer
+    out = []
+    fwd_bwd_ms(run, x, dy, before, graph=args.cuda_graph,
+               probe=lambda timed: out.append(quant_in_step_ms(timed, flush, calls)))
+    return out[0]
 
 
 def quant_bytes(M, K, N, weight=True) -> int:
@@ -209,6 +246,14 @@ def main(argv=None):
             print(markdown_table([row]).splitlines()[-1], flush=True)
             del x, dy
             torch.cuda.empty_cache()
+    if "fp8_blockwise_ue8m0" in recipes:
+        # After every timing: a profiler session leaves host overhead on each later launch, which slowed the
+        # host-bound GEMM rows timed after it (MOSS folded at 8192 x 1536 x 1536: 893 -> 312 TFLOP/s).
+        flush = l2_flush()
+        for row in rows:
+            q = profiled_quant_ms(*map(int, row["M,K,N"].split(",")), args, flush)
+            row["quant % in step (profiled)"] = 100 * q * row["fp8_blockwise_ue8m0 x"] / row["bf16 ms"]
+            totals["quant ms in step"] = totals.get("quant ms in step", 0.0) + q
     summary = [{"recipe": k[:-2], "summed ms": v, "speedup vs bf16 (summed)": totals["bf16 ms"] / v}
                for k, v in totals.items() if k.endswith(" x") and "torchao" not in k]
     ao_rows = [r for r in rows if "torchao blockwise x" in r]
@@ -229,10 +274,13 @@ def main(argv=None):
         f"one CUDA graph per fwd+bwd: {args.cuda_graph}",
         "### fwd+bwd speedup over bf16 nn.Linear (x = bf16 ms / recipe ms)", markdown_table(rows),
         "### summed over the shapes", markdown_table(summary),
-        f"quantization kernels: {q_share:.1f}% of the fp8_blockwise_ue8m0 step (summed; X and dY in both layouts"
+        f"quantization kernels: {q_share:.2f}% of the fp8_blockwise_ue8m0 step (summed; X and dY in both layouts"
         f"{'' if args.cached_weight else ', W and W^T'}, each timed alone); they move their bytes at "
         f"{100 * q_floor / totals['quant ms']:.1f}% of the measured copy bandwidth ({copy_gbs:.0f} GB/s); at 100% "
         f"the share would be {floor_share:.1f}%",
+        f"quantization kernels in the step itself (torch.profiler, their own GPU time in the timed fwd+bwd, after the "
+        f"same L2 flush): {100 * totals['quant ms in step'] / blk_total:.2f}% of the fp8_blockwise_ue8m0 step (summed)"
+        if "quant ms in step" in totals else "quantization kernels in the step itself: not profiled (no fp8_blockwise_ue8m0)",
         "### GEMM only (fprop shape)", markdown_table(gemm_rows),
     ]
     if ao_note:

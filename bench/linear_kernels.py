@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections import defaultdict
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import base_parser, emit, markdown_table  # noqa: E402
+from bench._common import base_parser, emit, kernel_times_us, markdown_table  # noqa: E402
 from infir.fp8 import Fp8Linear  # noqa: E402
 
 REPS = 5
@@ -28,19 +27,10 @@ def kernel_table(layer, x, dy) -> tuple[list[dict], float]:
 
     for _ in range(3):
         step()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPS):
-            step()
-        torch.cuda.synchronize()
-    us, calls = defaultdict(float), defaultdict(int)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            us[e.name] += e.device_time / REPS
-            calls[e.name] += 1
-    total = sum(us.values())
-    rows = [{"kernel": name[:90], "calls": calls[name] // REPS, "us": us[name], "% of kernels": 100 * us[name] / total}
-            for name in sorted(us, key=us.get, reverse=True)]
+    times = kernel_times_us(step, reps=REPS)
+    total = sum(us for us, _ in times.values())
+    rows = [{"kernel": name[:90], "calls": calls, "us": us, "% of kernels": 100 * us / total}
+            for name, (us, calls) in sorted(times.items(), key=lambda kv: kv[1][0], reverse=True)]
     return rows, total
 
 
