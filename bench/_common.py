@@ -55,8 +55,9 @@ def bench_ms(fn, warmup: int = 10, rep: int = 50, min_reps: int = 10) -> float:
     """Median time of fn in milliseconds (CUDA events through triton.testing.do_bench), over at
     least min_reps runs. do_bench sizes its runs by time alone (rep ms, warmup ms): at rep=50 a
     20 ms fwd+bwd was the median of 2 timed runs. The run that sizes them is fn's second: a first
-    call that builds, autotunes or compiles can take a minute, and do_bench then ran 2x and 10x that per
-    the estimate (an eager 1024-token FP8 fwd+bwd whose first call built the CUDA kernels ran past 600 s)."""
+    call that builds kernels, autotunes or compiles is slow, and do_bench's warm-up and repeat times
+    (2x and 10x the estimate) then held an eager 1024-token FP8 fwd+bwd, whose first call built the
+    CUDA kernels, past 600 s."""
     import triton.testing
 
     fn()
@@ -78,8 +79,8 @@ def kernel_times_us(fn, reps: int = 5) -> dict[str, tuple[float, int]]:
     from collections import defaultdict
 
     # Kineto tears CUPTI down after each session and re-initialises it lazily at the next. torch keeps it up
-    # under CUDA graphs only for CUDA < 12.6, and profiler + CUDA graph hangs are reported past that; the
-    # callers here profile graph replays, session after session, so CUPTI stays up (a precaution: no hang of
+    # under CUDA graphs only for CUDA < 12.6, and hangs of the profiler over graph replays are reported
+    # (tritonbench issue 413); the callers here profile graph replays, session after session, so CUPTI stays up (a precaution: no hang of
     # this kind was seen here).
     os.environ.setdefault("TEARDOWN_CUPTI", "0")
     torch.cuda.synchronize()

@@ -123,7 +123,8 @@ def quant_in_step_ms(run, flush, expected_calls: int) -> float:
     calls = sum(c for _, c in quant.values())
     if calls != expected_calls:
         raise RuntimeError(f"expected {expected_calls} quantize kernels per fwd+bwd, the profile shows {calls}: "
-                           f"{sorted(times)}")
+                           f"{sorted(times)}; if a quantizer was renamed or added, update the 'quant' name filter "
+                           f"or the expected count in bench/linear.py")
     return sum(us for us, _ in quant.values()) / 1e3
 
 
@@ -247,8 +248,8 @@ def main(argv=None):
             del x, dy
             torch.cuda.empty_cache()
     if "fp8_blockwise_ue8m0" in recipes:
-        # After every timing: a profiler session leaves host overhead on each later launch, which slowed the
-        # host-bound GEMM rows timed after it (MOSS folded at 8192 x 1536 x 1536: 893 -> 312 TFLOP/s).
+        # After every timing: CUPTI stays subscribed after a profiler session (kernel_times_us), adding host
+        # work to each later launch, which the host-bound rows (small GEMMs) would be timed with.
         flush = l2_flush()
         for row in rows:
             q = profiled_quant_ms(*map(int, row["M,K,N"].split(",")), args, flush)
