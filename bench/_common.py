@@ -80,8 +80,8 @@ def kernel_times_us(fn, reps: int = 5) -> dict[str, tuple[float, int]]:
 
     # Kineto tears CUPTI down after each session and re-initialises it lazily at the next. torch keeps it up
     # under CUDA graphs only for CUDA < 12.6, and hangs of the profiler over graph replays are reported
-    # (tritonbench issue 413); the callers here profile graph replays, session after session, so CUPTI stays up (a precaution: no hang of
-    # this kind was seen here).
+    # (tritonbench issue 413). The callers here profile graph replays, session after session, so CUPTI stays
+    # up: a precaution, as no hang of this kind was seen here.
     os.environ.setdefault("TEARDOWN_CUPTI", "0")
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

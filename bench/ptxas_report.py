@@ -6,7 +6,7 @@ file's device code (everything before its first host launcher) to PTX for sm_90a
 on each kernel named. Both come from NVIDIA's PyPI wheels, unpacked into one directory:
 
     pip download --no-deps -d /tmp/nvw nvidia-cuda-nvcc-cu12==12.8.93 nvidia-cuda-runtime-cu12==12.8.90 \
-        nvidia-cuda-cccl-cu12==12.8.90 nvidia-cuda-nvrtc-cu12==12.8.93
+        nvidia-cuda-nvrtc-cu12==12.8.93
     for w in /tmp/nvw/*.whl; do python3 -m zipfile -e $w /tmp/cuda; done; chmod +x /tmp/cuda/nvidia/cuda_nvcc/bin/ptxas
     python bench/ptxas_report.py --cuda /tmp/cuda
 
@@ -22,15 +22,16 @@ from pathlib import Path
 
 KERNELS = ["Bf16Rows, true, false, 4", "Bf16Rows, false, false, 4", "SwigluBwdRows, true, false, 4",
            "SwigluFwdRows, true, false, 4"]
-# NVRTC has no libc headers: the fixed-width types the kernels use, from CUDA's own
-STDINT = ("#include <cuda/std/cstdint>\nusing uint8_t = unsigned char; using uint16_t = unsigned short;\n"
+# NVRTC has no libc headers: the fixed-width types the kernels use, defined for it
+STDINT = ("using uint8_t = unsigned char; using uint16_t = unsigned short;\n"
           "using uint32_t = unsigned int; using uint64_t = unsigned long long;\n")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cuda", type=Path, default=Path("/tmp/cuda"), help="where the wheels were unpacked")
-    p.add_argument("--source", type=Path, default=Path(__file__).resolve().parents[1] / "infir/fp8/kernels/quant_both.cu")
+    p.add_argument("--source", type=Path,
+                   default=Path(__file__).resolve().parents[1] / "infir/fp8/kernels/quant_both.cu")
     p.add_argument("--kernels", nargs="+", default=KERNELS, help="template arguments of quant_token_both")
     args = p.parse_args()
     nv = args.cuda / "nvidia"
@@ -47,26 +48,31 @@ def main() -> None:
     header = (args.source.parent / "fp8_common.cuh").read_text().replace("#include <stdint.h>\n", "")
 
     lib = ctypes.CDLL(str(nvrtc_so))
+    lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+
+    def check(rc: int, what: str) -> None:
+        if rc:
+            sys.exit(f"NVRTC's {what} failed: {lib.nvrtcGetErrorString(rc).decode()}")
     strings = lambda xs: (ctypes.c_char_p * len(xs))(*[x.encode() for x in xs])
     prog = ctypes.c_void_p()
-    if lib.nvrtcCreateProgram(ctypes.byref(prog), device.encode(), args.source.name.encode(), 1,
-                              strings([header]), strings(["fp8_common.cuh"])):
-        sys.exit("nvrtcCreateProgram failed")
+    check(lib.nvrtcCreateProgram(ctypes.byref(prog), device.encode(), args.source.name.encode(), 1,
+                                 strings([header]), strings(["fp8_common.cuh"])), "nvrtcCreateProgram")
     for k in args.kernels:
-        lib.nvrtcAddNameExpression(prog, f"&quant_token_both<{k}>".encode())
-    opts = ["-arch=compute_90a", "--std=c++17", "-default-device", f"-I{nv}/cuda_runtime/include",
-            f"-I{nv}/cuda_cccl/include"]
+        check(lib.nvrtcAddNameExpression(prog, f"&quant_token_both<{k}>".encode()), f"name quant_token_both<{k}>")
+    opts = ["-arch=compute_90a", "--std=c++17", "-default-device", f"-I{nv}/cuda_runtime/include"]
     rc = lib.nvrtcCompileProgram(prog, len(opts), strings(opts))
     n = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(n))
     log = ctypes.create_string_buffer(n.value)
     lib.nvrtcGetProgramLog(prog, log)
     if rc:
-        sys.exit(f"NVRTC could not compile {args.source.name}:\n{log.value.decode()}")
+        sys.exit(f"NVRTC could not compile {args.source.name} (check --kernels' template arguments against the "
+                 f"kernel's):\n{log.value.decode()}")
     lowered = {}
     for k in args.kernels:
         name = ctypes.c_char_p()
-        lib.nvrtcGetLoweredName(prog, f"&quant_token_both<{k}>".encode(), ctypes.byref(name))
+        check(lib.nvrtcGetLoweredName(prog, f"&quant_token_both<{k}>".encode(), ctypes.byref(name)),
+              f"lowered name of quant_token_both<{k}>")
         lowered[name.value.decode()] = k
     lib.nvrtcGetPTXSize(prog, ctypes.byref(n))
     ptx = ctypes.create_string_buffer(n.value)
