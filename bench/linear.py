@@ -2,7 +2,7 @@
 
 Each FP8 step re-quantizes the weight (one micro-batch per optimizer step, the worst case for
 FP8); --cached-weight keeps it, as gradient accumulation over micro-batches does. --compiled runs
-both sides through torch.compile, the FP8 one as compiled training layers do (infir.fp8.traced: the
+both sides through torch.compile, the FP8 one as compiled training layers do (infir.fp8.fp8_linear: the
 weight quantized outside the graph, the linear one graph of custom ops); --cuda-graph captures
 each side's whole fwd+bwd in one CUDA graph and times its replay, so that neither side pays its
 host's launch cost (the training step runs blockwise FP8 layers under CUDA graphs by default,
@@ -22,10 +22,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import (base_parser, bench_ms, copy_bandwidth_gbs, emit, kernel_times_us, l2_flush,  # noqa: E402
                            markdown_table)
-from infir.fp8 import Fp8Linear, fp8_gemm  # noqa: E402
+from infir.fp8 import Fp8Linear, LinearSpec, fp8_gemm, fp8_linear  # noqa: E402
 from infir.fp8 import kernels as kn  # noqa: E402
 from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton  # noqa: E402
-from infir.fp8.traced import traced_linear  # noqa: E402
 
 # (model, projection, K, N): Qwen2.5 hidden / intermediate sizes, fused QKV and gate-up as megatron runs them
 MODELS = {"0.5B": (896, 4864, 1152), "1.5B": (1536, 8960, 2048), "7B": (3584, 18944, 4608)}
@@ -81,12 +80,12 @@ def compile_static(fn, **kw):
 
 
 class CompiledFp8(torch.nn.Module):
-    """An Fp8Linear as a compiled training layer runs it: WeightCache.get outside, traced_linear inside."""
+    """An Fp8Linear as a compiled training layer runs it: WeightCache.get outside, the FP8 core inside."""
 
     def __init__(self, layer: Fp8Linear):
         super().__init__()
         self.layer, self.weight = layer, layer.weight
-        self.fn = compile_static(lambda x, w, wq: traced_linear(x, w, wq, None, layer.recipe), fullgraph=True)
+        self.fn = compile_static(lambda x, w, wq: fp8_linear(x, w, wq, None, LinearSpec.of(layer.recipe, wq.granularity)), fullgraph=True)
 
     def forward(self, x):
         return self.fn(x, self.weight, self.layer.weight_cache.get(self.weight, self.layer.recipe))

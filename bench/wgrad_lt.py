@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import base_parser, bench_ms, emit, markdown_table  # noqa: E402
 from bench.linear import projections  # noqa: E402
-from infir.fp8 import fp8_gemm, get_recipe, quantize  # noqa: E402
+from infir.fp8 import fp8_gemm, quantize  # noqa: E402
 from infir.fp8.gemm import outer_dim_major, scaled_mm_blockwise, scaled_mm_scale  # noqa: E402
-from infir.fp8.linear import quantize_operand  # noqa: E402
+from infir.fp8.ops import quantize_operand  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMES = {0: "none", 1: "inplace", 2: "compute", 4: "output"}
@@ -73,13 +73,13 @@ def lt_search(so, a, sa, b, sb, b_block, out, d_fp32, beta, probe_args):
     return [(_MS[i], list(_CFG[8 * i:8 * i + 8]), _WS[i]) for i in range(cnt) if _MS[i] > 0]
 
 
-def forward_rows(so, tokens, model, proj, k, n, recipe, probe_args):
+def forward_rows(so, tokens, model, proj, k, n, probe_args):
     """fprop (X W^T) and dgrad (dY W) at one shape: torch's scaled_mm vs cuBLASLt's first and best algorithm, bf16 out."""
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    qx, _ = quantize_operand(x, "token", recipe)
-    qdy, _ = quantize_operand(dy, "token", recipe)
+    qx, _ = quantize_operand(x, "token", "ue8m0", "e4m3")
+    qdy, _ = quantize_operand(dy, "token", "ue8m0", "e4m3")
     rows = []
     for gemm, qa, qb in (("fprop", qx, quantize(w, "block", "ue8m0")), ("dgrad", qdy, quantize(w.t().contiguous(), "block", "ue8m0"))):
         sa, sb = outer_dim_major(qa.scale), scaled_mm_scale(qb)
@@ -112,7 +112,6 @@ def main():
     p.add_argument("--fprop-dgrad", action="store_true", help="also search fprop and dgrad (1x128 x 128x128, bf16 out)")
     a = p.parse_args()
     so = build()
-    recipe = get_recipe("fp8_blockwise_ue8m0")
     ws_bytes = a.workspace_mib << 20
     ws = torch.empty(ws_bytes, dtype=torch.uint8, device="cuda")
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -123,8 +122,8 @@ def main():
         for model, proj, k, n in projections(a.models.split(",")):
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
             dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16) * 1e-3
-            _, qxt = quantize_operand(x, "token", recipe, rows=False, cols=True)     # [K, tokens]
-            _, qdyt = quantize_operand(dy, "token", recipe, rows=False, cols=True)   # [N, tokens]
+            _, qxt = quantize_operand(x, "token", "ue8m0", "e4m3", rows=False, cols=True)     # [K, tokens]
+            _, qdyt = quantize_operand(dy, "token", "ue8m0", "e4m3", rows=False, cols=True)   # [N, tokens]
             sa, sb = outer_dim_major(qdyt.scale), outer_dim_major(qxt.scale)
             flop = 2.0 * tokens * k * n
             mm = lambda dt: scaled_mm_blockwise(qdyt.data, sa, qxt.data, sb, "token", dt)
@@ -178,7 +177,7 @@ def main():
             rows.append(row)
             print(row, flush=True)
             if a.fprop_dgrad:
-                fwd_rows += forward_rows(so, tokens, model, proj, k, n, recipe, probe_args)
+                fwd_rows += forward_rows(so, tokens, model, proj, k, n, probe_args)
             for key, v in (("torch fp32 + add_", t_add), ("lt beta=1 first", first[0]), ("lt beta=1 best", best[0]),
                            ("torch bf16", t_bf16), ("lt bf16 first", first16[0]), ("lt bf16 best", best16[0]),
                            ("torch fp32", t_mm), ("1x128 x 128x128 fp32", t_2d)):

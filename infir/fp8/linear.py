@@ -1,248 +1,249 @@
-"""FP8 linear layer: Y = X W^T with fprop, dgrad and wgrad all as FP8 GEMMs.
+"""The FP8 linear: Y = X W^T with fprop, dgrad and wgrad all as FP8 GEMMs, in one autograd Function.
 
-Each operand is quantized along the dimension its GEMM contracts (recipe.py says how):
-    fprop  Y  = X  W^T      X  along K      W   per recipe.weight
-    dgrad  dX = dY W        dY along N      W^T = the *same* blocks as W (QTensor.t())
+Each operand is quantized along the dimension its GEMM contracts (recipe.py names the formats):
+    fprop  Y  = X  W^T      X  along K      W   per the recipe's weight format
+    dgrad  dX = dY W        dY along N      W^T = the *same* blocks as W
     wgrad  dW = dY^T X      dY^T, X^T along the tokens
-X is quantized in fprop into both layouts by one launch and only X^T is kept for backward, in
-FP8 (half the bytes of saving X in bf16); dY likewise in backward. The weight is quantized once per optimizer step by a WeightCache and reused
-by every micro-batch and by dgrad. Where the weight has a float32 `main_grad` (megatron's
-gradient-accumulation buffer) the wgrad GEMM adds into it (FP32 accumulation; in place, through
-cuBLASLt, on Hopper) and autograd gets no dW; otherwise dW comes back in the weight's dtype.
+X is quantized in fprop into both layouts by one launch and only X^T is kept for backward, in FP8
+(half the bytes of saving X in BF16); dY likewise in backward. The weight is quantized once per
+optimizer step by a WeightCache and comes in as tensors (its data, scales and scaled_mm's scale
+layouts), because a compiled graph cannot hold the cache's bookkeeping.
+
+One Function serves every caller: eager code, compiled layers (its quantizers and GEMMs are opaque
+graph ops, ops.py, so dynamo keeps a layer as one graph; launched from Python between graph breaks, a
+compiled 1.5B FP8 step waited on the host), any parallelism (a comm.py strategy moves the operands:
+nothing, or the sequence-parallel FP8 all-gather), and megatron's FP32 `main_grad` (wgrad adds into it).
+What a call computes is one frozen `LinearSpec`; what backward needs besides tensors, one frozen `_Saved`.
+
+SwiGLU epilogue (a gated FC1 whose output goes through SwiGLU): h = X W^T is saved in FP8 for SwiGLU's
+backward (swiglu.py), and the backward turns dY of swiglu(h) into FC1's FP8 gradient operands directly
+(one fused kernel where it applies). With `fp8_out` the output is not even written in the compute dtype:
+y = swiglu(h) leaves as FC2's FP8 operands (an `Fp8SwiGLUOutput`), which FC2's call takes as its input.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from .autoscale import AutoScaler
-from .formats import amax_with_nan_as_inf, get_format
-from .gemm import fp8_gemm, fp8_gemm_accumulate, scaled_mm_scale
-from .quantize import QTensor, fold_two_level, quantize_reference, quantize_tensor_ref, transposed
-from .recipe import Recipe, get_recipe
+from .comm import LOCAL, Local, SequenceParallel
+from .ops import fp8_mm, fp8_wgrad_main_grad, gemm_granularity, quantize_pair
+from .recipe import OperandFormat, Recipe, get_recipe
+from .swiglu import (fused_backward_quantize_ok, fused_forward_quantize_ok, swiglu_fp8_backward,
+                     swiglu_fp8_backward_quantized, swiglu_fp8_forward, swiglu_fp8_forward_quantized)
+from .weight_cache import WeightCache
 
 
-def quantize_operand(x2: torch.Tensor, granularity: str, recipe: Recipe, rows: bool = True, cols: bool = False):
-    """x2 [M, K] -> (x2 quantized along K as [M, K], x2^T quantized along M as [K, M]); either may be None.
+@dataclass(frozen=True)
+class LinearSpec:
+    """What one FP8 linear call computes (dynamo specialises a compiled layer on it).
 
-    Two-level operands come back folded (quantize.fold_two_level): the form Hopper's GEMM takes.
-    """
-    sf, fmt = recipe.scale_format, recipe.fmt
-    if x2.is_cuda:
-        from . import kernels as kn
+    input, grad_output: the recipe's operand formats; weight_granularity: that of the cached FP8 weight.
+    comm: comm.LOCAL or a comm.SequenceParallel (then x is this rank's shard of the sequence and Y
+    covers the whole sequence). to_main_grad: the weight has megatron's FP32 `main_grad` and its grad
+    hook skips what autograd gets (`grad_added_to_main_grad`): wgrad adds into main_grad itself.
+    swiglu: the SwiGLU epilogue's saved-input format, or None; fp8_out (with swiglu): Y leaves as FC2's
+    FP8 operands (Fp8SwiGLUOutput)."""
 
-        if x2.stride(-1) != 1:  # the kernels index rows by stride and walk K contiguously
-            x2 = x2.contiguous()
-        if granularity == "token":
-            return kn.quantize_token_triton(x2, sf, fmt, rows=rows, cols=cols)
-        if granularity == "tensor":
-            q, qt = kn.quantize_tensor_triton(x2, sf, fmt, transpose=cols)
-            return (q if rows else None), qt
-        q = kn.quantize_two_level_triton(x2, sf, fmt, fold=True) if rows else None
-        qt = kn.quantize_two_level_triton(transposed(x2), sf, fmt, fold=True) if cols else None
-        return q, qt
-    quant = lambda t: quantize_reference(t, granularity, sf, fmt)
-    if granularity == "two_level":
-        quant = lambda t: fold_two_level(quantize_reference(t, granularity, sf, fmt))
-    q = quant(x2) if rows else None
-    if not cols:
-        return q, None
-    qt = q.t() if (granularity == "tensor" and q is not None) else quant(x2.t())
-    return q, qt
+    input: OperandFormat
+    grad_output: OperandFormat
+    weight_granularity: str
+    comm: Local | SequenceParallel
+    to_main_grad: bool = False
+    swiglu: OperandFormat | None = None
+    fp8_out: bool = False
+
+    @classmethod
+    def of(cls, recipe: Recipe, weight_granularity: str, comm: Local | SequenceParallel = LOCAL, **kw) -> "LinearSpec":
+        return cls(recipe.input, recipe.grad_output, weight_granularity, comm, **kw)
 
 
-class WeightCache:
-    """The FP8 copy of one weight, made once per optimizer step.
+@dataclass(frozen=True)
+class _Saved:
+    """What the backward needs besides the saved tensors (whose names are `names`)."""
 
-    dgrad reads the same FP8 values transposed (QTensor.t(): a 128x128 block of W is one of W^T),
-    made in backward and freed after its GEMM, so no second FP8 copy of the weight is kept.
-
-    Stale copies are detected by the weight's storage and in-place version counter, so a trainer
-    that forgets to call step() still gets fresh weights; step(lr) after optimizer.step() is what
-    advances MOSS automatic scaling (the predicted bound grows by the learning rate).
-    """
-
-    def __init__(self, name: str = ""):
-        self.name = name
-        self.autoscaler: AutoScaler | None = None
-        self._key = None
-        self.q: QTensor | None = None
-
-    def invalidate(self) -> None:
-        self._key = None
-
-    def step(self, lr: float) -> None:
-        if self.autoscaler is not None:
-            self.autoscaler.step(lr)
-        self.invalidate()
-
-    @staticmethod
-    def key(weight: torch.Tensor, recipe: Recipe) -> tuple:
-        return (weight.data_ptr(), weight._version, weight.dtype, recipe)
-
-    def fresh(self, weight: torch.Tensor, recipe: Recipe) -> bool:
-        """Whether the cached copy is of this weight as it is now."""
-        return self._key == self.key(weight, recipe)
-
-    def get(self, weight: torch.Tensor, recipe: Recipe) -> QTensor:
-        if not self.fresh(weight, recipe):
-            self.q = _refill(self.q, self._quantized(weight, recipe))
-            self._key = self.key(weight, recipe)
-        return self.q
-
-    def refill(self, weight: torch.Tensor, recipe: Recipe) -> None:
-        """Quantize `weight` into the tensors the cache already holds, allocating none that outlives
-        the call: the step a CUDA graph of every layer's refresh records (WeightRefresh). The cache
-        is marked fresh by mark_fresh once the graph has run."""
-        if self.q is None or _refill(self.q, self._quantized(weight, recipe)) is not self.q:
-            raise RuntimeError("WeightCache.refill needs a cached copy of the same shapes and formats "
-                               "(fill it with get() first)")
-
-    def mark_fresh(self, weight: torch.Tensor, recipe: Recipe) -> None:
-        self._key = self.key(weight, recipe)
-
-    def _quantized(self, weight: torch.Tensor, recipe: Recipe) -> QTensor:
-        q = self._quantize(weight.detach(), recipe)
-        if q.granularity == "block":
-            # fprop's and dgrad's scale layouts, made here (eager, once a step) so that a
-            # compiled layer gets them as inputs instead of rebuilding them every micro-batch
-            # (on any device: the compiled graph then has one structure wherever it is traced)
-            scaled_mm_scale(q)
-            scaled_mm_scale(q, transposed=True)
-        return q
-
-    def _quantize(self, w: torch.Tensor, recipe: Recipe) -> QTensor:
-        sf, fmt = recipe.scale_format, recipe.fmt
-        if recipe.weight == "block":
-            if w.is_cuda:
-                from .kernels import quantize_block_triton
-
-                return quantize_block_triton(w, sf, fmt)
-            return quantize_reference(w, "block", sf, fmt)
-        scale = None
-        if recipe.autoscale_weights:
-            if self.autoscaler is None:
-                self.autoscaler = AutoScaler(fmt, recipe.resync_interval, self.name)
-            scale = self.autoscaler.scale(w)
-        if w.is_cuda:
-            from .kernels import quantize_tensor_triton
-
-            seen = torch.zeros((), dtype=torch.float32, device=w.device) if self.autoscaler else None
-            q, _ = quantize_tensor_triton(w, sf, fmt, scale=scale, record_amax=seen)
-        else:
-            q = quantize_tensor_ref(w, get_format(fmt), sf, scale=scale)
-            seen = amax_with_nan_as_inf(w) if self.autoscaler else None
-        if self.autoscaler is not None:
-            self.autoscaler.observe(seen)
-        return q
+    spec: LinearSpec
+    names: tuple
+    x_dtype: torch.dtype
+    w_dtype: torch.dtype
+    need_dgrad: bool
+    need_wgrad: bool
+    need_bias_grad: bool
+    to_main_grad: bool
 
 
-def _tensors(q: QTensor) -> list:
-    return [q.data, q.scale, q.global_scale, q.local_exp, *q.layout_cache.values()]
+class Fp8SwiGLUOutput(NamedTuple):
+    """FC1's output where SwiGLU is its epilogue and FC2 takes y in FP8 (LinearSpec.fp8_out): y's FP8
+    operands for FC2 (along F, and y^T along the tokens for FC2's wgrad), and `anchor`, a tensor of y's
+    shape and dtype, never written, that carries y's gradient from FC2 back to FC1 for autograd.
+    megatron's MLP hands it from FC1 to FC2 untouched (its activation is then the identity)."""
 
-
-def _refill(old: QTensor | None, new: QTensor) -> QTensor:
-    """`new`'s values in `old`'s tensors where every one matches in shape, dtype and strides: the
-    FP8 weight keeps its addresses from step to step, so CUDA graphs replaying a layer read the
-    fresh weight instead of re-recording (or copying it in) on every step."""
-    if old is None or old.granularity != new.granularity or old.layout_cache.keys() != new.layout_cache.keys():
-        return new
-    pairs = list(zip(_tensors(old), _tensors(new)))
-    if any((a is None) != (b is None) or (a is not None and (a.shape, a.dtype, a.stride()) != (b.shape, b.dtype, b.stride()))
-           for a, b in pairs):
-        return new
-    with torch.no_grad():
-        for a, b in pairs:
-            if a is not None:
-                a.copy_(b)
-    return old
+    anchor: torch.Tensor
+    q: torch.Tensor
+    scale: torch.Tensor
+    qt: torch.Tensor
+    scale_t: torch.Tensor
 
 
 class Fp8LinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, recipe: Recipe, cache: WeightCache, backend: str):
-        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        k = x.shape[-1]
-        x2 = x.reshape(-1, k)
-        qx, qxt = quantize_operand(x2, recipe.activation, recipe, rows=True, cols=need_wgrad)
-        qw = cache.get(weight, recipe)
-        y = fp8_gemm(qx, qw, out_dtype=x.dtype, backend=backend)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
-        ctx.recipe, ctx.backend = recipe, backend
-        ctx.qw = qw if need_dgrad else None
-        ctx.qxt = qxt
-        ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
-        ctx.has_bias = bias is not None
-        ctx.bias_dtype = bias.dtype if bias is not None else None
-        ctx.save_for_backward(weight)
-        return y.reshape(*x.shape[:-1], y.shape[-1])
+    """Inputs: x [M, K] (the compute dtype; only y's anchor when its operands come pre-quantized), weight
+    [N, K] (for its gradient's dtype and main_grad), w / w_scale (W quantized), w_mm / w_mm_t (W's and
+    W^T's scales in scaled_mm's layout, or None), bias or None, x's pre-quantized operands (FC2 after
+    FC1's FP8 output: q, scale, q^T, scale^T) or four Nones, and the LinearSpec.
+    Returns y [M * comm.world, N], or (anchor, q, scale, q^T, scale^T) with spec.fp8_out."""
 
     @staticmethod
-    def backward(ctx, dy):
-        dx2, dw, db = fp8_backward(ctx, dy)
-        dx = dx2.reshape(ctx.x_shape) if dx2 is not None else None
-        return dx, dw, db, None, None, None
-
-
-def fp8_backward(ctx, dy: torch.Tensor):
-    """dgrad and wgrad of an FP8 linear from its autograd ctx: (dX as [M, K] or None, dW or None, db or None).
-
-    ctx holds: recipe, qw (W as quantized for the forward), backend, qxt (X^T quantized along the tokens), x_dtype,
-    has_bias, bias_dtype, needs_input_grad and the saved weight. Shared by Fp8LinearFunction and by
-    layers that wrap communication around the same GEMMs (the sequence-parallel column linear).
-    """
-    (weight,) = ctx.saved_tensors
-    recipe = ctx.recipe
-    need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    dy2 = dy.reshape(-1, dy.shape[-1])
-    qdy, qdyt = quantize_operand(dy2, recipe.grad, recipe, rows=need_dgrad, cols=need_wgrad)
-    dx = dw = db = None
-    if need_dgrad:
-        dx = fp8_gemm(qdy, ctx.qw.t(), out_dtype=ctx.x_dtype, backend=ctx.backend)
-    if need_wgrad:
-        # With main_grad (FP32) the product is added into it; a weight without one gets dW in its
-        # own dtype (autograd accumulates a bf16 weight's grad in bf16 anyway; the GEMM accumulates
-        # in FP32 inside either way)
-        main_grad = getattr(weight, "main_grad", None)
-        if main_grad is not None:  # added in place where the GEMM can (gemm.fp8_gemm_accumulate)
-            fp8_gemm_accumulate(qdyt, ctx.qxt, main_grad, backend=ctx.backend)
+    def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, xq, xs, xqt, xst, spec: LinearSpec):
+        need_wgrad = ctx.needs_input_grad[1]
+        gran = gemm_granularity(spec.input.granularity)
+        if xq is None:
+            (qx, sx, _), xt = quantize_pair(x, spec.input, cols=need_wgrad)
         else:
-            dw = fp8_gemm(qdyt, ctx.qxt, out_dtype=weight.dtype, backend=ctx.backend)
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        db = dy2.float().sum(0).to(ctx.bias_dtype)
-    ctx.qxt = ctx.qw = None
-    return dx, dw, db
+            qx, sx, xt = xq, xs, (None if xqt is None else (xqt, xst, gran))
+        # X^T's shards stay local until backward
+        qx, sx = spec.comm.gather_wait(spec.comm.gather_start((qx, sx), 0))
+        h = fp8_mm(qx, sx, gran, w, w_scale, spec.weight_granularity, x.dtype, False, w_mm)
+        if bias is not None:
+            h = h + bias.to(h.dtype)
+        saved = {"w": w, "w_scale": w_scale, "w_mm_t": w_mm_t}
+        to_main_grad = spec.to_main_grad and need_wgrad
+        if to_main_grad:
+            saved["weight"] = weight
+        if need_wgrad and xt is not None:
+            saved["xt"], saved["xt_scale"] = xt[0], xt[1]
+        out = _epilogue(ctx, h, spec, saved)
+        saved = {k: t for k, t in saved.items() if t is not None}
+        ctx.state = _Saved(spec, tuple(saved), x.dtype, weight.dtype, ctx.needs_input_grad[0], need_wgrad,
+                           bias is not None and ctx.needs_input_grad[6], to_main_grad)
+        ctx.save_for_backward(*saved.values())
+        return out
+
+    @staticmethod
+    def backward(ctx, dy, *_):
+        st: _Saved = ctx.state
+        comm = st.spec.comm
+        saved = dict(zip(st.names, ctx.saved_tensors))
+        # megatron's order under sequence parallelism: X^T's shards are gathered around dY's
+        # quantization and dgrad, and dX's reduce-scatter around wgrad
+        pending = comm.gather_start((saved["xt"], saved["xt_scale"]), 1) if st.need_wgrad else None
+        (qdy, sdy, gdy), dyt = _grad_operands(st, saved, dy)
+        dx = dw = db = None
+        if st.need_dgrad:
+            dx = fp8_mm(qdy, sdy, gdy, saved["w"], saved["w_scale"], st.spec.weight_granularity, st.x_dtype, True,
+                        saved.get("w_mm_t"))
+            dx = comm.reduce_scatter_start(dx)
+        if st.need_wgrad:
+            xt, xt_scale = comm.gather_wait(pending)
+            xt_gran = gemm_granularity(st.spec.input.granularity)
+            if st.to_main_grad:
+                dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
+                # a compiled graph needs the op's placeholder output, or it prunes the op; eager autograd
+                # gets no dW at all (the weight's .grad stays None: it is all in main_grad)
+                dw = dw if torch.compiler.is_compiling() else None
+            else:  # dW in the weight's dtype, for autograd
+                dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
+        if dx is not None:
+            dx = comm.reduce_scatter_wait(dx)
+        if st.need_bias_grad:
+            db = dy.float().sum(0)
+        return (dx, dw, None, None, None, None, db) + (None,) * 5
+
+
+def _epilogue(ctx, h: torch.Tensor, spec: LinearSpec, saved: dict):
+    """The Function's output from h = X W^T (+ bias): h itself, swiglu(h) with h saved in FP8, or
+    swiglu(h)'s FP8 operands for FC2 with y's anchor."""
+    if spec.swiglu is None:
+        return h
+    sw = spec.swiglu
+    if not spec.fp8_out:
+        y, saved["qh"], saved["sh"] = swiglu_fp8_forward(h, sw.scale_format, sw.fmt)
+        return y
+    fmt = spec.input
+    if fmt.granularity == "token" and fused_forward_quantize_ok(h):
+        saved["qh"], saved["sh"], q, s, qt, st = swiglu_fp8_forward_quantized(
+            h, sw.scale_format, sw.fmt, fmt.scale_format, fmt.fmt)
+    else:
+        y, saved["qh"], saved["sh"] = swiglu_fp8_forward(h, sw.scale_format, sw.fmt)
+        (q, s, _), (qt, st, _) = quantize_pair(y, fmt, cols=True)
+    ctx.mark_non_differentiable(q, s, qt, st)
+    # y's gradient arrives here through the anchor; FC2 never reads it, so it is never written
+    return h.new_empty((h.shape[0], h.shape[1] // 2)), q, s, qt, st
+
+
+def _grad_operands(st: _Saved, saved: dict, dy: torch.Tensor):
+    """The GEMM operands of the output gradient: dY quantized along N, and dY^T along the tokens when
+    wgrad needs it. With the SwiGLU epilogue, dy is the gradient of swiglu(h), and the operands are those
+    of dh: one fused kernel (no dh in memory) where it applies, else dh, then quantized."""
+    fmt, cols = st.spec.grad_output, st.need_wgrad
+    if st.spec.swiglu is None:
+        return quantize_pair(dy, fmt, cols)
+    qh, sh = saved["qh"], saved["sh"]
+    if fmt.granularity == "token" and cols and fused_backward_quantize_ok(qh, dy, st.x_dtype):
+        q, s, qt, sct = swiglu_fp8_backward_quantized(qh, sh, dy, fmt.scale_format, fmt.fmt)
+        return (q, s, "token"), (qt, sct, "token")
+    sw = st.spec.swiglu
+    dh = swiglu_fp8_backward(qh, sh, dy, st.x_dtype, sw.scale_format, sw.fmt)
+    return quantize_pair(dh, fmt, cols)
+
+
+def fp8_linear(x, weight: torch.Tensor, wq, bias: torch.Tensor | None, spec: LinearSpec):
+    """x [..., K] @ weight^T under `spec`, from the weight's cached FP8 operand (wq: WeightCache.get).
+
+    x may be an Fp8SwiGLUOutput (FC1's FP8 output), taken as is: the recipe's input format, no
+    communication. With spec.fp8_out the result is an Fp8SwiGLUOutput; else y [..., N], whose leading
+    dim covers every rank's shard under sequence parallelism."""
+    if spec.swiglu is not None and bias is not None:
+        raise ValueError("the FP8 linear's SwiGLU epilogue takes no bias (its backward never forms dh for the bias "
+                         "gradient); apply swiglu.swiglu_fp8_input after the linear instead")
+    if spec.fp8_out and spec.swiglu is None:
+        raise ValueError("fp8_out is the SwiGLU epilogue's FP8 output: give the spec a swiglu format too")
+    w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
+    pre = (None,) * 4
+    if isinstance(x, Fp8SwiGLUOutput):
+        if not isinstance(spec.comm, Local) or spec.swiglu is not None:
+            raise ValueError("an FP8 SwiGLU output goes into a row-parallel linear (FC2), without sequence-parallel "
+                             "gather or an epilogue of its own")
+        pre, x = (x.q, x.scale, x.qt, x.scale_t), x.anchor
+    k = x.shape[-1]
+    lead = (x.shape[0] * spec.comm.world, *x.shape[1:-1])
+    out = Fp8LinearFunction.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias, *pre, spec)
+    if spec.fp8_out:
+        anchor, q, s, qt, st = out
+        return Fp8SwiGLUOutput(anchor.reshape(*lead, anchor.shape[-1]), q, s, qt, st)
+    return out.reshape(*lead, out.shape[-1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           recipe: str | Recipe = "fp8_blockwise_ue8m0", weight_cache: WeightCache | None = None,
-           backend: str = "auto") -> torch.Tensor:
+           recipe: str | Recipe = "fp8_blockwise_ue8m0", weight_cache: WeightCache | None = None) -> torch.Tensor:
     """F.linear under a precision recipe: x [..., K], weight [N, K] (bf16 or fp32 master) -> [..., N] in x.dtype.
 
     weight_cache: keep one per layer to quantize the weight once per optimizer step (without one
-    the weight is quantized on every call). backend: see gemm.py ("auto" picks per device).
-    """
+    the weight is quantized on every call). Where the weight has a float32 `main_grad` (megatron's
+    gradient-accumulation buffer) wgrad adds into it (FP32 accumulation, in place on Hopper) and
+    autograd gets no dW; otherwise dW comes back in the weight's dtype."""
     recipe = get_recipe(recipe)
     if x.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear: x has K={x.shape[-1]} but weight is {tuple(weight.shape)} ([N, K])")
     if not recipe.fp8:
         return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     cache = weight_cache if weight_cache is not None else WeightCache()
-    return Fp8LinearFunction.apply(x, weight, bias, recipe, cache, backend)
+    wq = cache.get(weight, recipe)
+    spec = LinearSpec.of(recipe, wq.granularity, to_main_grad=hasattr(weight, "main_grad"))
+    return fp8_linear(x, weight, wq, bias, spec)
 
 
 class Fp8Linear(torch.nn.Module):
     """nn.Linear under a recipe, with its own WeightCache (call .weight_cache.step(lr) after each optimizer step)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, recipe: str | Recipe = "fp8_blockwise_ue8m0",
-                 backend: str = "auto", device=None, dtype=None):
+                 device=None, dtype=None):
         super().__init__()
         ref = torch.nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.weight, self.bias = ref.weight, ref.bias
         self.recipe = get_recipe(recipe)
-        self.backend = backend
         self.weight_cache = WeightCache()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.recipe, self.weight_cache, self.backend)
+        return linear(x, self.weight, self.bias, self.recipe, self.weight_cache)

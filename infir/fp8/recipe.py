@@ -1,86 +1,161 @@
-"""Precision recipes: which granularity each GEMM operand of a linear layer is quantized with.
+"""Precision recipes as data: for each GEMM operand of a linear layer, how it is quantized.
 
-One Recipe per option of conf/precision/ (the registry key is the Hydra option name):
-- bf16:                 no quantization (plain F.linear).
-- fp8_blockwise_ue8m0:  InfiR2 / TE Float8BlockScaling: activations and gradients 1x128 along
-                        each GEMM's contraction dim, weights 128x128, power-of-two (UE8M0) scales.
-- fp8_blockwise_fp32:   the same with FP32 scales (InfiR2's "FP8 w. FP32 scale" ablation).
-- fp8_tensorwise:       just-in-time per-tensor scales for every operand (LLMQ §3).
-- moss:                 MOSS: two-level activations/gradients (FP32 row scale x E8M0 per 32),
-                        per-tensor weights whose scale comes from automatic scaling (autoscale.py).
-                        The two-level operands enter the GEMM folded (quantize.fold_two_level).
-All FP8 recipes run fprop, dgrad and wgrad in E4M3 (InfiR2 uses E4M3 forward and backward).
+A linear layer Y = X W^T runs three GEMMs, each an "NT" product of two operands (gemm.py):
+
+    fprop  Y  = X  W^T      input        along K        x  weight
+    dgrad  dX = dY W        grad_output  along N        x  weight^T (the same blocks as W)
+    wgrad  dW = dY^T X      grad_output^T along tokens  x  input^T   along tokens
+
+so a recipe names one `OperandFormat` per operand role (as torchao's per-operand `CastConfig` and
+Transformer Engine's recipe classes do). A role has one format in both GEMMs it enters, because its
+two layouts come out of one quantizer pass (X and X^T, dY and dY^T: kernels/ write both at once).
+`Recipe.gemm(name)` gives the (A, B) formats of each GEMM.
+
+Beside the operand formats, a recipe holds the policies that go with it:
+- `swiglu_input`: SwiGLU's input (the FC1 output, the largest activation a layer saves) kept for the
+  backward in FP8 with this format (swiglu.py), or None to keep it in the compute dtype;
+- `autoscale_weights` / `resync_interval`: MOSS automatic weight scaling (autoscale.py);
+- `weight_refresh`: how the FP8 weights are re-quantized after each optimizer step: "graph" records
+  every layer's refresh once as a CUDA graph and replays it (block weights only: their quantizer has no
+  host-side state), "eager" quantizes weight by weight;
+- `cuda_graphs`: whether a trainer's automatic compile mode takes CUDA graphs for the layers;
+- `compute_dtype`: the dtype around the FP8 GEMMs (attention, norms, LM head) and of the non-FP8 recipes.
+
+Recipes are values: a layer receives one at build time and never branches on a name. `RECIPES` is the
+one registry, keyed by the option names of conf/precision/; a new recipe is an entry here (and, for the
+trainer, a YAML naming it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import torch
 
 from .formats import check_scale_format, get_format
 
-_OPERAND_GRANULARITIES = ("tensor", "token", "two_level")
-_WEIGHT_GRANULARITIES = ("tensor", "block")
+OPERAND_GRANULARITIES = ("tensor", "token", "two_level")  # input and grad_output
+WEIGHT_GRANULARITIES = ("tensor", "block")
+GEMMS = ("fprop", "dgrad", "wgrad")
+WEIGHT_REFRESH = ("graph", "eager")
+
+
+@dataclass(frozen=True)
+class OperandFormat:
+    """How one operand is quantized: which elements share a scale (granularity, see quantize.py), the
+    scale's format ("ue8m0" powers of two or "fp32") and the FP8 element format ("e4m3" or "e5m2")."""
+
+    granularity: str
+    scale_format: str = "ue8m0"
+    fmt: str = "e4m3"
+
+    def __post_init__(self):
+        check_scale_format(self.scale_format)
+        get_format(self.fmt)
 
 
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    fp8: bool = True
-    activation: str = "token"  # X along K (fprop) and X^T along tokens (wgrad)
-    weight: str = "block"  # W (fprop) and the same blocks as W^T (dgrad)
-    grad: str = "token"  # dY along N (dgrad) and dY^T along tokens (wgrad)
-    scale_format: str = "ue8m0"
-    fmt: str = "e4m3"
-    autoscale_weights: bool = False  # MOSS automatic weight scaling instead of amax each step
+    input: OperandFormat | None = None
+    weight: OperandFormat | None = None
+    grad_output: OperandFormat | None = None
+    swiglu_input: OperandFormat | None = None
+    autoscale_weights: bool = False
     resync_interval: int = 500
+    weight_refresh: str = "eager"
+    cuda_graphs: bool = False
+    compute_dtype: torch.dtype = torch.bfloat16
 
     def __post_init__(self):
-        if not self.fp8:
-            return
-        for field, value, allowed in (("activation", self.activation, _OPERAND_GRANULARITIES),
-                                      ("grad", self.grad, _OPERAND_GRANULARITIES),
-                                      ("weight", self.weight, _WEIGHT_GRANULARITIES)):
-            if value not in allowed:
-                raise ValueError(f"Recipe {self.name!r}: {field}={value!r} is not one of {list(allowed)}")
-        check_scale_format(self.scale_format)
-        get_format(self.fmt)
-        if self.autoscale_weights and self.weight != "tensor":
+        roles = (self.input, self.weight, self.grad_output)
+        if all(r is None for r in roles):
+            return self._check_high_precision()
+        if any(r is None for r in roles):
+            raise ValueError(f"Recipe {self.name!r}: give input, weight and grad_output formats, or none of them")
+        for role, allowed in (("input", OPERAND_GRANULARITIES), ("grad_output", OPERAND_GRANULARITIES),
+                              ("weight", WEIGHT_GRANULARITIES)):
+            granularity = getattr(self, role).granularity
+            if granularity not in allowed:
+                raise ValueError(f"Recipe {self.name!r}: {role} granularity {granularity!r} is not one of {list(allowed)}")
+        if self.swiglu_input is not None and self.swiglu_input.granularity != "token":
+            raise ValueError(f"Recipe {self.name!r}: swiglu_input is kept per 1x128 block ('token'), "
+                             f"not {self.swiglu_input.granularity!r}")
+        if self.autoscale_weights and self.weight.granularity != "tensor":
             raise ValueError(f"Recipe {self.name!r}: autoscale_weights predicts one scale per tensor, "
-                             f"so it needs weight='tensor', not {self.weight!r}")
+                             f"so it needs weight granularity 'tensor', not {self.weight.granularity!r}")
         if self.resync_interval < 1:
             raise ValueError(f"Recipe {self.name!r}: resync_interval must be >= 1, got {self.resync_interval}")
+        if self.weight_refresh not in WEIGHT_REFRESH:
+            raise ValueError(f"Recipe {self.name!r}: weight_refresh={self.weight_refresh!r} is not one of {list(WEIGHT_REFRESH)}")
+        if self.weight_refresh == "graph" and (self.weight.granularity != "block" or self.autoscale_weights):
+            raise ValueError(f"Recipe {self.name!r}: weight_refresh='graph' replays block-weight quantizers only")
+
+    def _check_high_precision(self) -> None:
+        if self.swiglu_input is not None or self.autoscale_weights or self.cuda_graphs:
+            raise ValueError(f"Recipe {self.name!r} quantizes no GEMM, so it takes no FP8 policy "
+                             "(swiglu_input, autoscale_weights, cuda_graphs)")
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the linear layers' GEMMs run in FP8."""
+        return self.input is not None
+
+    def gemm(self, name: str) -> tuple[OperandFormat, OperandFormat]:
+        """The (A, B) operand formats of GEMM `name` (fprop, dgrad or wgrad), C = A @ B^T."""
+        if not self.fp8:
+            raise ValueError(f"Recipe {self.name!r} runs no FP8 GEMM")
+        pairs = {"fprop": (self.input, self.weight), "dgrad": (self.grad_output, self.weight),
+                 "wgrad": (self.grad_output, self.input)}
+        if name not in pairs:
+            raise ValueError(f"unknown GEMM {name!r}; use one of {list(GEMMS)}")
+        return pairs[name]
+
+    def with_swiglu_input(self, enabled: bool) -> "Recipe":
+        """This recipe with SwiGLU's input saved in FP8 (1x128 blocks in the input's formats) or not."""
+        if enabled and not self.fp8:
+            raise ValueError(f"SwiGLU's input in FP8 needs an FP8 recipe, not {self.name!r}")
+        fmt = OperandFormat("token", self.input.scale_format, self.input.fmt) if enabled else None
+        return replace(self, swiglu_input=fmt)
 
 
-def bf16() -> Recipe:
-    return Recipe("bf16", fp8=False)
+def _blockwise(name: str, scale_format: str, grad_fmt: str = "e4m3") -> Recipe:
+    return Recipe(name, input=OperandFormat("token", scale_format), weight=OperandFormat("block", scale_format),
+                  grad_output=OperandFormat("token", scale_format, grad_fmt), weight_refresh="graph",
+                  cuda_graphs=True)
 
 
-def fp8_blockwise(scale_format: str = "ue8m0") -> Recipe:
-    return Recipe(f"fp8_blockwise_{scale_format}", activation="token", weight="block", grad="token",
-                  scale_format=scale_format)
+def _per_tensor(name: str) -> Recipe:
+    fmt = OperandFormat("tensor", "fp32")
+    return Recipe(name, input=fmt, weight=fmt, grad_output=fmt)
 
 
-def fp8_tensorwise() -> Recipe:
-    return Recipe("fp8_tensorwise", activation="tensor", weight="tensor", grad="tensor", scale_format="fp32")
+def _moss(name: str) -> Recipe:
+    two_level = OperandFormat("two_level", "fp32")
+    return Recipe(name, input=two_level, weight=OperandFormat("tensor", "fp32"), grad_output=two_level,
+                  autoscale_weights=True, resync_interval=500)
 
 
-def moss(resync_interval: int = 500) -> Recipe:
-    return Recipe("moss", activation="two_level", weight="tensor", grad="two_level", scale_format="fp32",
-                  autoscale_weights=True, resync_interval=resync_interval)
-
-
-RECIPES = {
-    "bf16": bf16,
-    "fp8_blockwise_ue8m0": lambda: fp8_blockwise("ue8m0"),
-    "fp8_blockwise_fp32": lambda: fp8_blockwise("fp32"),
-    "fp8_tensorwise": fp8_tensorwise,
-    "moss": moss,
-}
+# The registry. InfiR2's recipe (TE's Float8BlockScaling): E4M3 forward and backward, activations and
+# gradients per 1x128 along each GEMM's contraction dim, weights per 128x128 block, power-of-two
+# scales. Its FP32-scale ablation. The E4M3/E5M2 hybrid of the FP8 formats paper (TE's default
+# format): gradients keep E5M2's range, activations and weights E4M3's precision. Just-in-time
+# per-tensor scales (LLMQ). MOSS: two-level microscaling, per-tensor weights with automatic scaling
+# (the two-level operands enter the GEMM folded: quantize.fold_two_level).
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("bf16"),
+    Recipe("fp32", compute_dtype=torch.float32),
+    _blockwise("fp8_blockwise_ue8m0", "ue8m0"),
+    _blockwise("fp8_blockwise_fp32", "fp32"),
+    _blockwise("fp8_blockwise_e5m2_grad", "ue8m0", grad_fmt="e5m2"),
+    _per_tensor("fp8_tensorwise"),
+    _moss("moss"),
+)}
 
 
 def get_recipe(name: str | Recipe) -> Recipe:
-    """The Recipe for a conf/precision option name (a Recipe passes through)."""
+    """The registered Recipe of a conf/precision option name (a Recipe passes through)."""
     if isinstance(name, Recipe):
         return name
     if name not in RECIPES:
-        raise ValueError(f"unknown precision recipe {name!r}; conf/precision options are {sorted(RECIPES)}")
-    return RECIPES[name]()
+        raise ValueError(f"unknown precision recipe {name!r}; registered recipes: {sorted(RECIPES)}")
+    return RECIPES[name]

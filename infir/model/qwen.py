@@ -143,26 +143,27 @@ def transformer_config(
     )
 
 
-def build_gpt(size: QwenSize, config, linears=None, *, seq_length: int, chunked_loss: bool = False, loss_chunk_tokens: int = 8192,
-              swiglu=None):
+def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_loss: bool = False,
+              loss_chunk_tokens: int = 8192):
     """megatron GPTModel for one pipeline stage holding the whole depth (pre- and post-process).
 
     chunked_loss: the LM head + cross entropy run chunk by chunk with gradients computed in the forward
     (infir/model/lm_loss.py); the model then returns the loss_mask-weighted sum, never full logits.
-    swiglu: a ModuleSpec of the MLP activation (spec.layer_spec), or None for megatron's own SwiGLU.
+    recipe: the infir.fp8.Recipe the projections run (None or a high-precision recipe: megatron's linears).
     """
-    if swiglu is not None:
+    from infir.model.spec import block_spec, projections
+
+    proj = projections(recipe)
+    if proj.activation is not None:
         # megatron applies a spec'd activation module only under this flag, and refuses it together
         # with its own fused bias-SwiGLU (the module replaces that one).
         config.use_te_activation_func, config.bias_activation_fusion = True, False
     from infir.model import cpu_shims
     from infir.model.gpt import InfirGPTModel
-    from infir.model.spec import LinearClasses, block_spec
-
     cpu_shims.install()
     model = InfirGPTModel(
         config=config,
-        transformer_layer_spec=block_spec(size.layers, linears or LinearClasses(), swiglu),
+        transformer_layer_spec=block_spec(size.layers, proj),
         vocab_size=size.vocab,
         max_sequence_length=max(seq_length, 1),
         pre_process=True,

@@ -3,12 +3,13 @@
 Megatron stays unmodified: this function returns the same tree as megatron's local GPT spec
 (TransformerLayer -> SelfAttention(linear_qkv, core_attention, linear_proj) -> MLP(linear_fc1,
 linear_fc2)) with two substitutions — core attention through SDPA (see attention.py), and the four
-projection classes taken from `linears`, which is where a precision recipe (infir.fp8) swaps in its
-FP8 linears. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the parameter dtype. The
-layer class is megatron's, entering the config's autocast itself (AutocastLayer) so that recomputed
-layers run in the same dtypes.
-`swiglu`, where a recipe gives one, is the MLP's activation module (fp8_swiglu.py); megatron applies
-it only with `use_te_activation_func` set in the TransformerConfig (qwen.build_gpt sets it).
+projections, which run `infir.fp8` under an FP8 recipe: the recipe reaches each of them as a
+ModuleSpec param, once, at build time. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the
+parameter dtype. The layer class is megatron's, entering the config's autocast itself (AutocastLayer)
+so that recomputed layers run in the same dtypes.
+Where the recipe keeps SwiGLU's input in FP8, FC1 applies SwiGLU itself and the MLP's activation is
+the identity module of fp8_swiglu.py; megatron applies a spec'd activation only with
+`use_te_activation_func` set in the TransformerConfig (qwen.build_gpt sets it).
 """
 from __future__ import annotations
 
@@ -24,7 +25,10 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from infir.fp8 import Recipe
 from infir.model.attention import SDPAttention
+from infir.model.fp8_linears import Fp8ColumnLinear, Fp8RowLinear
+from infir.model.fp8_swiglu import SwiGLUInFc1
 from infir.model.linears import ColumnLinear, RowLinear
 from infir.model.norm import RMSNorm
 
@@ -45,16 +49,31 @@ class AutocastLayer(TransformerLayer):
 
 
 @dataclass(frozen=True)
-class LinearClasses:
-    """Which module runs each projection. Column-parallel: QKV and FC1; row-parallel: proj and FC2.
-    fc1: FC1's own class where it differs from QKV's (an FP8 FC1 that applies SwiGLU itself)."""
+class Projections:
+    """Which module runs each projection (a class or a ModuleSpec), and the MLP's activation module
+    (None: megatron's own SwiGLU). Column-parallel: QKV and FC1; row-parallel: proj and FC2."""
 
-    column: type = ColumnLinear
-    row: type = RowLinear
-    fc1: type | None = None
+    qkv: object = ColumnLinear
+    fc1: object = ColumnLinear
+    proj: object = RowLinear
+    fc2: object = RowLinear
+    activation: object = None
 
 
-def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None) -> ModuleSpec:
+def projections(recipe: Recipe | None = None) -> Projections:
+    """The projections of a precision recipe: megatron's high-precision linears, or the FP8 ones with
+    the recipe as their ModuleSpec param."""
+    if recipe is None or not recipe.fp8:
+        return Projections()
+    column = ModuleSpec(module=Fp8ColumnLinear, params={"recipe": recipe})
+    row = ModuleSpec(module=Fp8RowLinear, params={"recipe": recipe})
+    if recipe.swiglu_input is None:
+        return Projections(column, column, row, row)
+    fc1 = ModuleSpec(module=Fp8ColumnLinear, params={"recipe": recipe, "swiglu_epilogue": True})
+    return Projections(column, fc1, row, row, ModuleSpec(module=SwiGLUInFc1))
+
+
+def layer_spec(proj: Projections = Projections()) -> ModuleSpec:
     return ModuleSpec(
         module=AutocastLayer,
         submodules=TransformerLayerSubmodules(
@@ -63,9 +82,9 @@ def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | No
                 module=SelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
-                    linear_qkv=linears.column,
+                    linear_qkv=proj.qkv,
                     core_attention=SDPAttention,
-                    linear_proj=linears.row,
+                    linear_proj=proj.proj,
                     q_layernorm=IdentityOp,
                     k_layernorm=IdentityOp,
                 ),
@@ -74,15 +93,13 @@ def layer_spec(linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | No
             pre_mlp_layernorm=RMSNorm,
             mlp=ModuleSpec(
                 module=MLP,
-                submodules=MLPSubmodules(linear_fc1=linears.fc1 or linears.column, linear_fc2=linears.row,
-                                         activation_func=swiglu),
+                submodules=MLPSubmodules(linear_fc1=proj.fc1, linear_fc2=proj.fc2, activation_func=proj.activation),
             ),
             mlp_bda=get_bias_dropout_add,
         ),
     )
 
 
-def block_spec(num_layers: int, linears: LinearClasses = LinearClasses(), swiglu: ModuleSpec | None = None
-               ) -> TransformerBlockSubmodules:
+def block_spec(num_layers: int, proj: Projections = Projections()) -> TransformerBlockSubmodules:
     """All layers plus the final norm (megatron's default final norm would be its SP-refusing torch norm)."""
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(linears, swiglu)] * num_layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(proj)] * num_layers, layer_norm=RMSNorm)

@@ -23,7 +23,7 @@ COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-auto
 
 def validate(cfg: DictConfig) -> None:
     from infir.model.qwen import SIZES, check_parallel
-    from infir.train.precision import FP8_RECIPES, RECIPES
+    from infir.train.precision import build_recipe
 
     try:
         OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
@@ -31,10 +31,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"{e.full_key} must be set (it is '???' in the config); pass {e.full_key}=...") from None
     st, tr = cfg.stage, cfg.train
     _need(cfg.model.name in SIZES, "model.name", cfg.model.name, f"one of {sorted(SIZES)}")
-    _need(cfg.precision.recipe in RECIPES, "precision.recipe", cfg.precision.recipe, f"one of {sorted(RECIPES)}")
-    if cfg.precision.get("fp8_swiglu_input", False):
-        _need(cfg.precision.recipe in FP8_RECIPES, "precision.fp8_swiglu_input", True,
-              f"false with precision.recipe={cfg.precision.recipe} (an FP8 recipe keeps SwiGLU's input in FP8: {', '.join(FP8_RECIPES)})")
+    try:
+        build_recipe(cfg.precision)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     _need(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device, "auto, cpu or cuda")
     _need(cfg.model.get("compile_mode", "auto") in COMPILE_MODES, "model.compile_mode", cfg.model.get("compile_mode"),
           f"one of {', '.join(COMPILE_MODES)} (auto, or one of torch.compile's modes)")

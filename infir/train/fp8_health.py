@@ -13,48 +13,65 @@ import math
 
 import torch
 
-from infir.fp8 import quant_stats, quantize
+from infir.fp8 import Fp8SwiGLUOutput, QTensor, dequantize, quant_stats, quantize
+from infir.fp8.ops import gemm_granularity
 
 
 class HealthMonitor:
+    """Attaches to a model's FP8 linears as forward hooks (attach) and reads, on every `interval`-th
+    step, the first micro-batch's operands of each. Off-interval steps cost one flag test per linear,
+    which a compiled layer resolves at trace time (a guard), so it adds nothing to its graph."""
+
     def __init__(self, interval: int, *, amax_growth: float = 8.0, max_saturated: float = 1e-3, min_snr_db: float = 15.0):
         self.interval = interval
         self.amax_growth, self.max_saturated, self.min_snr_db = amax_growth, max_saturated, min_snr_db
         self.active = False
-        self.names: dict[int, str] = {}
+        self.names: list[str] = []
         self.stats: dict[str, dict] = {}
         self.baseline: dict[str, float] = {}
 
     def attach(self, model: torch.nn.Module) -> int:
-        from infir.model.fp8_linears import _Fp8
+        from infir.model.fp8_linears import Fp8Projection
 
         for name, module in model.named_modules():
-            if isinstance(module, _Fp8):
-                module.monitor = self
-                self.names[id(module)] = name.replace("decoder.layers.", "L").replace("self_attention.", "").replace("mlp.", "")
+            if isinstance(module, Fp8Projection):
+                short = name.replace("decoder.layers.", "L").replace("self_attention.", "").replace("mlp.", "")
+                module.register_forward_hook(self._hook(short))
+                self.names.append(short)
         return len(self.names)
+
+    def _hook(self, name: str):
+        def hook(module, args, output):
+            if self.active:
+                self.record(name, module, args[0], output[0] if isinstance(output, tuple) else output)
+        return hook
 
     def begin_step(self, step: int) -> None:
         self.active = bool(self.names) and self.interval > 0 and step % self.interval == 0
         self.stats = {}
 
+    @torch.compiler.disable
     @torch.no_grad()
-    def record(self, module, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor) -> None:
-        name = self.names.get(id(module), type(module).__name__)
+    def record(self, name: str, module, x, y) -> None:
+        """The operands of one FP8 linear call: its input x (FC2's arrives already in FP8 from FC1's SwiGLU
+        epilogue: its stats are then of those FP8 values), its weight, and the gradient reaching its output
+        (none for FC1 with the SwiGLU epilogue, whose output gradient is SwiGLU's, not FC1's)."""
         if f"{name}/x" in self.stats:  # first micro-batch of the step only
             return
-        recipe = module.fp8_recipe
-        x2 = x.detach().reshape(-1, x.shape[-1])
-        self._add(f"{name}/x", x2, recipe.activation, recipe)
-        self._add(f"{name}/w", weight.detach(), recipe.weight, recipe)
-        if y.requires_grad:
-            y.register_hook(lambda g: self._add(f"{name}/dy", g.detach().reshape(-1, g.shape[-1]), recipe.grad, recipe))
+        recipe = module.recipe
+        if isinstance(x, Fp8SwiGLUOutput):
+            fmt = recipe.input
+            x = dequantize(QTensor(x.q, x.scale, gemm_granularity(fmt.granularity), fmt.scale_format, fmt.fmt))
+        self._add(f"{name}/x", x.detach().reshape(-1, x.shape[-1]), recipe.input)
+        self._add(f"{name}/w", module.weight.detach(), recipe.weight)
+        if isinstance(y, torch.Tensor) and y.requires_grad:
+            y.register_hook(lambda g: self._add(f"{name}/dy", g.detach().reshape(-1, g.shape[-1]), recipe.grad_output))
 
     @torch.no_grad()
-    def _add(self, key: str, t: torch.Tensor, granularity: str, recipe) -> None:
+    def _add(self, key: str, t: torch.Tensor, fmt) -> None:
         if key in self.stats:
             return
-        q = quantize(t, granularity, recipe.scale_format, recipe.fmt)
+        q = quantize(t, fmt.granularity, fmt.scale_format, fmt.fmt)
         if q.granularity == "two_level" or q.data.shape != t.shape:
             t = t[..., : q.data.shape[-1]]
         self.stats[key] = quant_stats(t, q)

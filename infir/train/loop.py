@@ -24,7 +24,7 @@ from infir.train import checkpoint, data, dist as distributed
 from infir.train.flops import flops_per_token, peak_tflops
 from infir.train.gc_control import StepGC
 from infir.train.metrics import RunLogger, format_duration, format_si
-from infir.train.precision import get_recipe
+from infir.train import precision
 from infir.train.schedule import lr_at, resolve_warmup
 
 
@@ -33,17 +33,14 @@ def _on_gpu(choice, device: torch.device) -> bool:
     return device.type == "cuda" if choice == "auto" else bool(choice)
 
 
-def compile_mode(choice: str, precision: str, recompute: str, device: torch.device) -> str:
-    """torch.compile's mode for each layer; auto: CUDA graphs (reduce-overhead) for the blockwise FP8
-    recipes on a GPU, the default mode otherwise. Their layers issue more kernels than BF16's around
-    shorter GEMMs (7B at TP=2 + SP: 8721 launches and 1456 collectives a step, against 7041 and 672),
-    so the step waits on the host: with graphs, that step went from 950 to 671 ms, and 0.5B from 0.66x
-    of BF16 (both without graphs) to 0.94x (both with), while BF16 gains nothing (7B TP=2: 668 vs
-    659 ms); BENCHMARKS.md, 2026-11-24. Not for the per-tensor and MOSS recipes, nor with
-    recomputation: none of these has been run under graphs."""
+def compile_mode(choice: str, recipe, recompute: str, device: torch.device) -> str:
+    """torch.compile's mode for each layer; auto: CUDA graphs (reduce-overhead) where the recipe asks for
+    them (the blockwise FP8 recipes: their layers issue more kernels than BF16's around shorter GEMMs, so
+    their step waits on the host, bench/step.py's graphs rows), on a GPU and without recomputation (no
+    run has used graphs with it), the default mode otherwise."""
     if choice != "auto":
         return choice
-    graphs = device.type == "cuda" and precision.startswith("fp8_blockwise") and recompute == "none"
+    graphs = device.type == "cuda" and recipe.cuda_graphs and recompute == "none"
     return "reduce-overhead" if graphs else "default"
 
 
@@ -73,7 +70,7 @@ class Trainer:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
         # Model: megatron GPTModel from our spec, the recipe's linears, FP32 master weights.
-        self.recipe = get_recipe(cfg.precision.recipe, cfg.precision.get("fp8_swiglu_input", False))
+        self.recipe = precision.build_recipe(cfg.precision)
         from infir.optim import required_param_dtype
 
         # FP32 masters for torch AdamW; the memory-efficient optimizers keep the weight itself in BF16.
@@ -90,9 +87,8 @@ class Trainer:
             autocast_dtype=None if self.recipe.compute_dtype == torch.float32 else self.recipe.compute_dtype,
         )
         model = build_gpt(
-            self.size, tcfg, self.recipe.linears, seq_length=st.seq_length,
+            self.size, tcfg, self.recipe, seq_length=st.seq_length,
             chunked_loss=_on_gpu(cfg.model.chunked_loss, self.device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
-            swiglu=self.recipe.swiglu,
         ).to(self.device)
         self.graphed = False
         if _on_gpu(cfg.model.compile, self.device):
@@ -100,7 +96,7 @@ class Trainer:
             # Module.compile() works in place, so parameter names and checkpoints are unchanged.
             # reduce-overhead adds CUDA graphs: for steps where issuing a layer's kernels from
             # Python takes longer than running them (compile_mode above)
-            mode = compile_mode(cfg.model.get("compile_mode", "auto"), cfg.precision.recipe, cfg.model.recompute,
+            mode = compile_mode(cfg.model.get("compile_mode", "auto"), self.recipe, cfg.model.recompute,
                                 self.device)
             for layer in model.decoder.layers:
                 layer.compile(mode=None if mode == "default" else mode)
@@ -189,7 +185,7 @@ class Trainer:
 
     def _forward(self, mb: dict) -> torch.Tensor:
         """The loss_mask-weighted sum of token losses of one micro-batch."""
-        with self.recipe.autocast(self.device):
+        with precision.autocast(self.recipe, self.device):
             out = self.model(mb["input_ids"], mb["position_ids"], mb["attention_mask"], labels=mb["labels"], loss_mask=mb["loss_mask"])
         return out if self.model.module.chunked_loss else (out.float() * mb["loss_mask"]).sum()
 
@@ -233,7 +229,7 @@ class Trainer:
             self.optimizer.grad_scale = None
             for p in self.params:
                 p.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
-            self.recipe.after_optimizer_step(self.model.module, lr)
+            precision.after_optimizer_step(self.model.module, lr)
         return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": self.lr(step)}
 
     def _dp_group(self):

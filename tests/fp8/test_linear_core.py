@@ -1,11 +1,33 @@
-"""The torch.compile path of the FP8 linear (infir/fp8/traced.py) against the eager autograd Function."""
+"""The one FP8 linear core (infir/fp8/linear.py) compiled against the same core run eagerly, and the model
+layers around it (infir/model/fp8_linears.py: weight refresh, main_grad, the SwiGLU epilogue)."""
+import importlib
+
 import pytest
 import torch
 import torch._inductor.config
 
-from infir.fp8 import WeightCache, get_recipe
-from infir.fp8 import linear as fp8_linear
-from infir.fp8.traced import traced_linear
+from infir.fp8 import Fp8SwiGLUOutput, LinearSpec, WeightCache, fp8_linear, get_recipe, tensors_of
+from infir.fp8 import linear as eager_linear
+from infir.model.fp8_linears import Fp8Projection
+
+
+def traced_linear(x, w, wq, b, recipe):
+    return fp8_linear(x, w, wq, b, LinearSpec.of(recipe, wq.granularity))
+
+
+class Bare(Fp8Projection, torch.nn.Module):
+    """An FP8 projection outside megatron: the weight and the call into the core."""
+
+    def __init__(self, weight, recipe="fp8_blockwise_ue8m0", swiglu_epilogue=False):
+        torch.nn.Module.__init__(self)
+        recipe = get_recipe(recipe)
+        if swiglu_epilogue:
+            recipe = recipe.with_swiglu_input(True)
+        self._init_fp8(recipe, swiglu_epilogue)
+        self.weight = torch.nn.Parameter(weight)
+
+    def forward(self, x):
+        return self.fp8_matmul(x, self.weight, None)
 
 RECIPES = ["fp8_blockwise_ue8m0", "fp8_blockwise_fp32", "fp8_tensorwise", "moss"]
 
@@ -39,7 +61,7 @@ def _assert_same(ref, out):
 def _compare(recipe_name, device, backend):
     recipe = get_recipe(recipe_name)
     x, w, b, dy = _inputs(device)
-    ref = _run(lambda x, w, b: fp8_linear(x, w, b, recipe, weight_cache=WeightCache()), x, w, b, dy)
+    ref = _run(lambda x, w, b: eager_linear(x, w, b, recipe, weight_cache=WeightCache()), x, w, b, dy)
     cache = WeightCache()
 
     def traced(x, w, b):
@@ -52,7 +74,7 @@ def _compare(recipe_name, device, backend):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_traced_graph_equals_eager_function(recipe):
-    """One graph (fullgraph=True), and the same numbers as Fp8LinearFunction: fprop, dgrad, wgrad, bias grad."""
+    """One graph (fullgraph=True), and the same numbers as the core run eagerly: fprop, dgrad, wgrad, bias grad."""
     torch._dynamo.reset()
     ref, out = _compare(recipe, "cpu", "aot_eager")
     _assert_same(ref, out)
@@ -115,24 +137,14 @@ def test_weight_transpose_runs_in_the_backward_graph():
 
 
 def test_compiled_fp8_linear_sees_weight_updates_with_or_without_the_refresh_hook():
-    """The compiled path reads the weight cache without checking it, so it is taken only where
-    attach_weight_refresh keeps the cache fresh; a linear compiled without the hook runs the eager
-    path. Either way an in-place weight update between calls reaches the output."""
-    from infir.model.fp8_linears import _Fp8, attach_weight_refresh
-
-    class Bare(_Fp8, torch.nn.Module):
-        def __init__(self):
-            torch.nn.Module.__init__(self)
-            self._init_fp8()
-            self.weight = torch.nn.Parameter(torch.randn(128, 256) * 0.05)
-
-        def forward(self, x):
-            return self.fp8_matmul(x, self.weight, None)
+    """With attach_weight_refresh the layer reads its cache unchecked; without it, the layer checks the
+    cache itself (outside the graph). Either way an in-place weight update between calls reaches the output."""
+    from infir.model.fp8_linears import attach_weight_refresh
 
     x = torch.randn(16, 256, dtype=torch.bfloat16)
     for hooked in (False, True):
         torch._dynamo.reset()
-        layer = Bare()
+        layer = Bare(torch.randn(128, 256) * 0.05)
         if hooked:
             attach_weight_refresh(layer)
         layer(x)  # an eager call first: the cache holds a copy that the updates below make stale
@@ -140,7 +152,7 @@ def test_compiled_fp8_linear_sees_weight_updates_with_or_without_the_refresh_hoo
         with torch.no_grad():
             for scale in (1.0, 2.0):
                 layer.weight.mul_(scale)
-                ref = fp8_linear(x, layer.weight, None, layer.fp8_recipe, weight_cache=WeightCache())
+                ref = eager_linear(x, layer.weight, None, layer.recipe, weight_cache=WeightCache())
                 assert torch.equal(compiled(x), ref), (hooked, scale)
 
 
@@ -148,16 +160,8 @@ class _Layers(torch.nn.Module):
     """A few FP8 linears of Qwen-like odd shapes (K-blocks not a multiple of 4), summed."""
 
     def __init__(self, device, shapes=((384, 256), (256, 640), (896, 384))):
-        from infir.model.fp8_linears import _Fp8
-
-        class Bare(_Fp8, torch.nn.Module):
-            def __init__(self, n, k):
-                torch.nn.Module.__init__(self)
-                self._init_fp8()
-                self.weight = torch.nn.Parameter(torch.randn(n, k, device=device) * 0.05)
-
         super().__init__()
-        self.layers = torch.nn.ModuleList(Bare(n, k) for n, k in shapes)
+        self.layers = torch.nn.ModuleList(Bare(torch.randn(n, k, device=device) * 0.05) for n, k in shapes)
 
     def forward(self):
         return None
@@ -171,12 +175,10 @@ def _refresh_of(model):
 
 
 def _caches_equal_a_fresh_quantization(model):
-    from infir.fp8.linear import _tensors
-
     for m in model.layers:
-        assert m.weight_cache.fresh(m.weight, m.fp8_recipe)
-        want = WeightCache().get(m.weight, m.fp8_recipe)
-        for a, b in zip(_tensors(m.weight_cache.q), _tensors(want)):
+        assert m.weight_cache.fresh(m.weight, m.recipe)
+        want = WeightCache().get(m.weight, m.recipe)
+        for a, b in zip(tensors_of(m.weight_cache.q), tensors_of(want)):
             assert (a is None) == (b is None)
             if a is not None:
                 assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
@@ -198,19 +200,19 @@ def test_weight_refresh_on_cpu_requantizes_eagerly():
 
 
 def test_weight_refresh_records_a_graph_only_for_gpu_block_weights_cached_at_their_shape():
-    """The graph is taken only where every weight is a CUDA tensor quantized per block whose cache
-    already holds a copy of its shape: a first fill, a weight of a new shape (its cache is reallocated
-    by the eager refresh), a per-tensor recipe or a CPU weight keep the eager refresh."""
+    """The graph is taken only where every weight is a CUDA tensor whose recipe refreshes by graph and whose
+    cache already holds a copy of its shape: a first fill, a weight of a new shape (its cache is reallocated
+    by the eager refresh), an eager-refresh recipe or a CPU weight keep the eager refresh."""
     from types import SimpleNamespace as NS
 
     from infir.model.fp8_linears import WeightRefresh
 
-    def linear(shape=(256, 128), cached=(256, 128), weight="block", cuda=True):
-        return NS(weight=NS(is_cuda=cuda, shape=torch.Size(shape)), fp8_recipe=NS(weight=weight),
+    def linear(shape=(256, 128), cached=(256, 128), refresh="graph", cuda=True):
+        return NS(weight=NS(is_cuda=cuda, shape=torch.Size(shape)), recipe=NS(weight_refresh=refresh),
                   weight_cache=NS(q=None if cached is None else NS(data=NS(shape=torch.Size(cached)))))
 
     assert WeightRefresh([linear(), linear((512, 256), (512, 256))])._graphable()
-    for odd in (linear(cached=None), linear(shape=(384, 128)), linear(weight="tensor"), linear(cuda=False)):
+    for odd in (linear(cached=None), linear(shape=(384, 128)), linear(refresh="eager"), linear(cuda=False)):
         assert not WeightRefresh([linear(), odd])._graphable()
     assert not WeightRefresh([])._graphable()
 
@@ -271,44 +273,37 @@ def quantize_token(x):
     return quantize(x, "token", "ue8m0")
 
 
-def _main_grad_runs(device, recipe_name, mode, steps=3, swiglu=None):
-    """main_grad after `steps` fwd+bwd of one layer whose weights carry megatron's FP32 main_grad:
-    through the eager Function, and through the compiled traced path with to_main_grad (under
-    `mode`, "reduce-overhead" being CUDA graphs). Also the compiled run's weight.grad and dX.
-    swiglu: the layer is an MLP, a gated FC1 applying SwiGLU (its saved input's (scale_format, fmt))
-    and FC2: eager, SwiGLU runs after FC1 and FC2 quantizes y; compiled, inside FC1, which hands y
-    to FC2 in FP8 (traced_linear's fp8_out). main_grad is then both weights' (flattened, joined)."""
-    from infir.model.fp8_linears import _Fp8, attach_weight_refresh
+def _main_grad_runs(device, recipe_name, mode, steps=3, swiglu=False, eager_unfused=False):
+    """main_grad after `steps` fwd+bwd of one layer whose weights carry megatron's FP32 main_grad and the
+    refresh hook: eager, and compiled (under `mode`, "reduce-overhead" being CUDA graphs). Also each run's
+    weight.grad and dX. swiglu: the layer is an MLP, a gated FC1 applying SwiGLU as its epilogue, which
+    hands y to FC2 in FP8, and FC2; main_grad is then both weights' (flattened, joined). eager_unfused:
+    the eager run takes SwiGLU's unfused kernels (the fused ones' reference)."""
+    core = importlib.import_module("infir.fp8.linear")
+    from infir.model.fp8_linears import attach_weight_refresh
 
-    recipe = get_recipe(recipe_name)
     x, w, _, dy = _inputs(device)
     weights = [w]
-    if swiglu is not None:  # FC2 [N, N/2]: the MLP's output has dy's shape
+    if swiglu:  # FC2 [N, N/2]: the MLP's output has dy's shape
         g = torch.Generator(device="cpu").manual_seed(1)
         weights.append((torch.randn(w.shape[0], w.shape[0] // 2, generator=g) * 0.05).to(device))
     c0 = [torch.randn(wi.shape, device=device) for wi in weights]  # what earlier micro-batches left in main_grad
 
-    class Linear(_Fp8, torch.nn.Module):
-        recipe_name = recipe.name
-
-        def __init__(self, i):
-            torch.nn.Module.__init__(self)
-            self._init_fp8()
-            self.swiglu = swiglu if i == 0 else None
-            self.weight = torch.nn.Parameter(weights[i].clone())
-            self.weight.main_grad = c0[i].clone()
-
-        def forward(self, x):
-            return self.fp8_matmul(x, self.weight, None)
+    def linear(i):
+        layer = Bare(weights[i].clone(), recipe_name, swiglu_epilogue=swiglu and i == 0)
+        if swiglu:  # both projections of the MLP run the recipe with SwiGLU's input in FP8
+            layer.recipe = layer.recipe.with_swiglu_input(True)
+        layer.weight.main_grad = c0[i].clone()
+        return layer
 
     class Layer(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.linears = torch.nn.ModuleList(Linear(i) for i in range(len(weights)))
+            self.linears = torch.nn.ModuleList(linear(i) for i in range(len(weights)))
 
         def forward(self, x):
-            for linear in self.linears:
-                x = linear(x)
+            for layer in self.linears:
+                x = layer(x)
             return x
 
     class Model(torch.nn.Module):  # the refresh hook sits on the eager model, around compiled layers
@@ -324,30 +319,37 @@ def _main_grad_runs(device, recipe_name, mode, steps=3, swiglu=None):
         torch._dynamo.reset()
         layer = Layer()
         fn = Model(layer)
+        attach_weight_refresh(fn)
         if name == "compiled":
-            attach_weight_refresh(fn)
             fn.layer = torch.compile(layer, backend="inductor", mode=mode, fullgraph=True)  # no graph break
-        for _ in range(steps):
-            torch.compiler.cudagraph_mark_step_begin()
-            xi = x.clone().requires_grad_(True)
-            fn(xi).backward(dy)
-            grad, dx = layer.linears[0].weight.grad, xi.grad.clone()
-            for linear in layer.linears:
-                linear.weight.grad = None  # as megatron's grad hook leaves it
-        main = [linear.weight.main_grad.clone() for linear in layer.linears]
+        unfused = eager_unfused and name == "eager"
+        saved = core.fused_forward_quantize_ok, core.fused_backward_quantize_ok
+        if unfused:
+            core.fused_forward_quantize_ok = core.fused_backward_quantize_ok = lambda *a: False
+        try:
+            for _ in range(steps):
+                torch.compiler.cudagraph_mark_step_begin()
+                xi = x.clone().requires_grad_(True)
+                fn(xi).backward(dy)
+                grad, dx = layer.linears[0].weight.grad, xi.grad.clone()
+                for lin in layer.linears:
+                    lin.weight.grad = None  # as megatron's grad hook leaves it
+        finally:
+            core.fused_forward_quantize_ok, core.fused_backward_quantize_ok = saved
+        main = [lin.weight.main_grad.clone() for lin in layer.linears]
         out[name] = (main[0] if len(main) == 1 else torch.cat([m.flatten() for m in main]), grad, dx)
     return out, steps
 
 
 @pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "moss"])
 def test_traced_wgrad_adds_into_main_grad_cpu(recipe):
-    """Compiled, the wgrad GEMM adds into the weight's main_grad itself (megatron's hook is told to
-    skip the placeholder autograd gets): main_grad equals the eager path's after three micro-batches,
-    and the layer is marked grad_added_to_main_grad."""
+    """The wgrad GEMM adds into the weight's main_grad itself, eager or compiled (megatron's hook is told
+    to skip the placeholder the compiled graph gives autograd): main_grad after three micro-batches is the
+    same either way."""
     with torch._inductor.config.patch(emulate_precision_casts=True):
         out, _ = _main_grad_runs("cpu", recipe, None)
     (ref, ref_grad, ref_dx), (got, got_grad, got_dx) = out["eager"], out["compiled"]
-    assert ref_grad is None  # the eager Function gives autograd no dW either
+    assert ref_grad is None  # eager, autograd gets no dW at all
     assert torch.equal(got, ref), float((got - ref).abs().max())
     assert torch.equal(got_dx, ref_dx)
     assert got_grad is not None and got_grad.shape == got.shape  # the unwritten placeholder
@@ -366,18 +368,14 @@ def test_traced_wgrad_adds_into_main_grad_gpu(mode):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe, monkeypatch):
-    """FC1 with SwiGLU inside the compiled linear (y handed to FC2 already in FP8; its backward
-    quantizes dh for FC1's GEMMs itself) gives the eager FC1-then-swiglu_fp8_input-then-FC2's dX and
-    both main_grads bit for bit."""
-    from infir.fp8 import traced
-
-    handed = []
-    operands = traced._swiglu_operands
-    monkeypatch.setattr(traced, "_swiglu_operands", lambda *a: (handed.append(1), operands(*a))[1])
+def test_swiglu_epilogue_compiled_equals_eager_cpu(recipe):
+    """FC1 with SwiGLU as its epilogue hands y to FC2 in FP8 (an Fp8SwiGLUOutput) and its backward
+    quantizes dh for FC1's GEMMs itself; compiled as one graph, dX and both main_grads are the eager ones
+    bit for bit."""
+    fc1 = Bare(torch.randn(256, 384) * 0.05, recipe, swiglu_epilogue=True)
+    assert isinstance(fc1(torch.randn(128, 384, dtype=torch.bfloat16)), Fp8SwiGLUOutput)
     with torch._inductor.config.patch(emulate_precision_casts=True):
-        out, _ = _main_grad_runs("cpu", recipe, None, swiglu=("ue8m0", "e4m3"))
-    assert handed, "the compiled FC1 did not hand y to FC2 in FP8"
+        out, _ = _main_grad_runs("cpu", recipe, None, swiglu=True)
     (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
     assert torch.equal(got, ref), float((got - ref).abs().max())
     assert torch.equal(got_dx, ref_dx)
@@ -388,8 +386,9 @@ def test_traced_swiglu_epilogue_equals_linear_then_swiglu_cpu(recipe, monkeypatc
 def test_traced_swiglu_epilogue_fused_matches_the_reference_gpu(mode, monkeypatch):
     """On CUDA the compiled FC1 runs quant_both.cu's fused SwiGLU forward + quantizer of FC2's input
     and fused SwiGLU backward + quantizer (asserted below), traced as one graph (fullgraph). Against the
-    eager reference (SwiGLU's Triton kernels off on both sides), dX and main_grad agree to the rare FP8
-    byte the fused kernel's fast sigmoid may flip (test_swiglu.py), also replayed as a CUDA graph."""
+    eager run without the fused kernels (SwiGLU's Triton kernels off on both sides), dX and main_grad agree
+    to the rare FP8 byte the fused kernel's fast sigmoid may flip (test_swiglu.py), also replayed as a
+    CUDA graph."""
     from infir.fp8 import swiglu as sw
     from infir.fp8.kernels import cuda_build
     from infir.fp8.kernels import swiglu as ks
@@ -402,7 +401,7 @@ def test_traced_swiglu_epilogue_fused_matches_the_reference_gpu(mode, monkeypatc
                                                                           fused(*a))[1])
     monkeypatch.setattr(sw, "_use_kernels", lambda h: False)
     with torch._inductor.config.patch(emulate_precision_casts=True):
-        out, _ = _main_grad_runs("cuda", "fp8_blockwise_ue8m0", mode, swiglu=("ue8m0", "e4m3"))
+        out, _ = _main_grad_runs("cuda", "fp8_blockwise_ue8m0", mode, swiglu=True, eager_unfused=True)
     assert all(calls.values()), f"the compiled layer did not take both fused kernels: {calls}"
     (ref, _, ref_dx), (got, _, got_dx) = out["eager"], out["compiled"]
     assert (got_dx == ref_dx).float().mean() >= 0.99, float((got_dx != ref_dx).float().mean())

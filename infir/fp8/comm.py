@@ -1,0 +1,97 @@
+"""What moves between ranks around an FP8 linear's GEMMs: a strategy object the linear core calls.
+
+The core (linear.Fp8LinearFunction) runs the same three GEMMs whatever the parallelism; around them a
+strategy says what the input and its gradient go through:
+- `LOCAL`: nothing moves (a single rank, a row-parallel layer, or a column-parallel layer whose input
+  megatron already gathered).
+- `SequenceParallel(group, world)`: the input is this rank's shard of the sequence. Its FP8 operand
+  (bytes + scales) is all-gathered for fprop (half the bytes of gathering BF16), X^T's shards are kept
+  local and gathered only in backward (half the saved memory at TP=2), and dgrad's dX is
+  reduce-scattered back to the shards. Quantize-then-gather equals megatron's gather-then-quantize when
+  no quantization group straddles two shards: per-token groups never do along K, and X^T's 128-token
+  groups line up when each shard holds a multiple of 128 tokens (`takes` checks it).
+
+Strategies are frozen dataclasses holding the group's *name*, not a ProcessGroup, because compiled code
+holds no ProcessGroup objects; their collectives are functional (`_c10d_functional`), which dynamo keeps
+inside a compiled layer's graph. Each collective is split into start and wait so that work issued
+between the two may overlap it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .quantize import TOKEN_BLOCK
+
+
+@dataclass(frozen=True)
+class Local:
+    """No communication."""
+
+    world: int = 1
+
+    def gather_start(self, tensors, dim: int):
+        return list(tensors)
+
+    def gather_wait(self, pending) -> list:
+        return list(pending)
+
+    def reduce_scatter_start(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def reduce_scatter_wait(self, t: torch.Tensor) -> torch.Tensor:
+        return t
+
+
+LOCAL = Local()
+
+
+@dataclass(frozen=True)
+class SequenceParallel:
+    """The input is this rank's shard (dim 0) of a sequence split over the group `group` of `world` ranks."""
+
+    group: str
+    world: int
+
+    @staticmethod
+    def takes(granularity: str, x: torch.Tensor) -> bool:
+        """Whether quantize-then-gather is exact for this input: per-token groups, 128-token shards."""
+        return granularity == "token" and (x.numel() // x.shape[-1]) % TOKEN_BLOCK == 0
+
+    def gather_start(self, tensors, dim: int) -> list:
+        """Starts one all-gather of every rank's tensors (an FP8 operand's data and scales), each to be
+        concatenated along dim (0 or 1) in rank order by gather_wait. One coalesced collective, not one per
+        tensor: each collective costs the host far more than a kernel launch, and the step issues this per layer.
+
+        Everything moves as bytes (collectives have no FP8 type). A transposed view (the outer-dim-major
+        token scales) is gathered through its storage, so the result keeps the layout the GEMM op expects.
+        """
+        raws, meta = [], []
+        for t in tensors:
+            flip = t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous()
+            if flip:
+                t = t.t()
+            # flat bytes: one dtype (gloo's coalesced gather garbles mixed ones), and a (n, 1) tensor's
+            # stride of n in its last dim cannot be viewed as bytes
+            raws.append(t.contiguous().reshape(-1).view(torch.uint8))
+            meta.append((1 - dim if flip else dim, flip, t.dtype, t.shape[0]))
+        outs = torch.ops._c10d_functional.all_gather_into_tensor_coalesced(raws, self.world, self.group)
+        return [(out, *m) for out, m in zip(outs, meta)]
+
+    def gather_wait(self, pending) -> list:
+        return [self._gathered(*p) for p in pending]
+
+    def _gathered(self, out, dim: int, flip: bool, dtype: torch.dtype, rows: int) -> torch.Tensor:
+        out = torch.ops._c10d_functional.wait_tensor(out).view(rows * self.world, -1)  # the ranks' rows, stacked
+        if dim == 1:
+            out = torch.cat(out.chunk(self.world, 0), dim=1)
+        out = out.view(dtype)
+        return out.t() if flip else out
+
+    def reduce_scatter_start(self, t: torch.Tensor) -> torch.Tensor:
+        """Starts this rank's sequence shard of the sum of every rank's t (dgrad of the all-gather)."""
+        return torch.ops._c10d_functional.reduce_scatter_tensor(t.contiguous(), "sum", self.world, self.group)
+
+    def reduce_scatter_wait(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.ops._c10d_functional.wait_tensor(t)

@@ -1,0 +1,176 @@
+"""The FP8 linear's quantizers and GEMMs as opaque graph ops (oplib.py), over the same kernels as eager code.
+
+Why ops: inside a compiled layer dynamo keeps the whole layer as one graph, with each quantizer and GEMM
+an opaque call whose host cost is one dispatch; outside a compiled region the same ops run eagerly, so the
+linear has one implementation whatever calls it. Their common case (token activations, block or token B
+on an sm90 GPU) goes straight to the kernel and to one scaled_mm call with the weight's scale layouts made
+once a step: every microsecond these ops spend on the host is spent ~20 times per layer and micro-batch.
+
+Quantizing with torch ops instead, so that inductor fuses it into the norm or SwiGLU before it, was
+tried and was slower end to end on an H100: inductor's code for the transposed 128x1 quantization
+(X^T for wgrad) ran far under the Triton kernels' bandwidth.
+"""
+from __future__ import annotations
+
+import torch
+
+from .formats import get_format
+from .gemm import fp8_gemm, fp8_gemm_accumulate, is_sm90, outer_dim_major, scaled_mm_blockwise
+from .oplib import define_op
+from .quantize import TOKEN_BLOCK, QTensor, fold_two_level, quantize_reference, quantize_tensor_ref, transposed
+from .recipe import OperandFormat
+
+
+def quantize_operand(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, rows: bool = True,
+                     cols: bool = False):
+    """x2 [M, K] -> (x2 quantized along K as [M, K], x2^T quantized along M as [K, M]); either may be None.
+
+    Two-level operands come back folded (quantize.fold_two_level): the form Hopper's GEMM takes.
+    """
+    if x2.is_cuda:
+        from . import kernels as kn
+
+        if x2.stride(-1) != 1:  # the kernels index rows by stride and walk K contiguously
+            x2 = x2.contiguous()
+        if granularity == "token":
+            return kn.quantize_token_triton(x2, scale_format, fmt, rows=rows, cols=cols)
+        if granularity == "tensor":
+            q, qt = kn.quantize_tensor_triton(x2, scale_format, fmt, transpose=cols)
+            return (q if rows else None), qt
+        q = kn.quantize_two_level_triton(x2, scale_format, fmt, fold=True) if rows else None
+        qt = kn.quantize_two_level_triton(transposed(x2), scale_format, fmt, fold=True) if cols else None
+        return q, qt
+    quant = lambda t: quantize_reference(t, granularity, scale_format, fmt)
+    if granularity == "two_level":
+        quant = lambda t: fold_two_level(quantize_reference(t, granularity, scale_format, fmt))
+    q = quant(x2) if rows else None
+    if not cols:
+        return q, None
+    qt = q.t() if (granularity == "tensor" and q is not None) else quant(x2.t())
+    return q, qt
+
+
+def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
+            out_dtype: torch.dtype, b_transposed: bool = False, b_mm_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm).
+
+    b_transposed: b is stored [K, N] (W for dgrad); its bytes are transposed here and freed after
+    the GEMM. Inside this op, and not as an op of its own, because the partitioner runs an opaque op
+    that needs only forward inputs in the forward and saves its output: W^T would then be made for
+    every layer in the forward and held until its backward.
+    b_mm_scale: a 'block' b's scale (of b^T when b_transposed) already in scaled_mm's layout
+    (gemm.scaled_mm_scale, made once a step by the weight cache); with it, and token A on an sm90
+    GPU, the GEMM is one scaled_mm call with no per-call layout work.
+    """
+    m, k = a.shape
+    n = b.shape[1 if b_transposed else 0]
+    fast = (a_gran == "token" and is_sm90(a) and m % 16 == 0 and k % 128 == 0 and n % 128 == 0
+            and ((b_gran == "block" and b_mm_scale is not None) or (b_gran == "token" and not b_transposed)))
+    if fast:
+        bk = transposed(b) if b_transposed else b
+        # token scales come from the quantize op, outer-dim-major as scaled_mm takes them
+        return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype)
+    # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
+    qa = QTensor(a.contiguous(), a_scale, a_gran)
+    qb = QTensor(b.contiguous(), b_scale, b_gran)
+    return fp8_gemm(qa, qb.t() if b_transposed else qb, out_dtype=out_dtype)
+
+
+def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed=False, b_mm_scale=None):
+    return a.new_empty((a.shape[0], b.shape[1 if b_transposed else 0]), dtype=out_dtype)
+
+
+fp8_mm = define_op(
+    "fp8_mm", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
+    "bool b_transposed=False, Tensor? b_mm_scale=None) -> Tensor", _fp8_mm, _fp8_mm_fake)
+
+
+def _fp8_wgrad_main_grad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
+                         b_gran: str, weight: torch.Tensor) -> torch.Tensor:
+    """weight.main_grad += A [N, M] @ B [K, M]^T (the wgrad product, gemm.fp8_gemm_accumulate), and an
+    unwritten placeholder of the weight's shape for autograd, which megatron's grad hook skips
+    (grad_added_to_main_grad, set by infir.model.fp8_linears.attach_weight_refresh).
+
+    main_grad is reached through the weight, not passed in: as a graph input cudagraph trees would
+    copy it into a static buffer of their own, and the sum would land in the copy. The weight is a
+    parameter (a static input), so the captured kernel writes the real buffer, whose address
+    megatron never changes. The write is invisible to the compiler, which is safe because nothing in
+    the graph reads main_grad; the placeholder output keeps the op from being pruned.
+    """
+    qa = QTensor(a if a.is_contiguous() else a.contiguous(), a_scale, a_gran)
+    qb = QTensor(b if b.is_contiguous() else b.contiguous(), b_scale, b_gran)
+    fp8_gemm_accumulate(qa, qb, weight.main_grad)
+    return torch.empty_like(weight)
+
+
+fp8_wgrad_main_grad = define_op(
+    "fp8_wgrad_main_grad", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, Tensor weight) "
+    "-> Tensor", _fp8_wgrad_main_grad, lambda a, a_scale, a_gran, b, b_scale, b_gran, weight: torch.empty_like(weight))
+
+
+def _quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
+    q, qt = quantize_operand(x2, granularity, scale_format, fmt, rows=True, cols=cols)
+    # The layouts the fake below promises (the Triton kernels' own; the CPU reference is normalised).
+    scale = outer_dim_major(q.scale) if granularity == "token" else q.scale
+    if qt is None:  # no wgrad operand wanted: empty placeholders keep the op's schema fixed
+        return q.data.contiguous(), scale, q.data.new_empty(0), q.scale.new_empty(0)
+    # an op's outputs may not alias each other: a per-tensor X^T shares X's 0-dim scale
+    st = qt.scale.clone() if qt.scale is q.scale else qt.scale
+    st = outer_dim_major(st) if granularity == "token" else st
+    return q.data.contiguous(), scale, qt.data.contiguous(), st
+
+
+def _quantize_pair_fake(x2, granularity, scale_format, fmt, cols):
+    m, k = x2.shape
+    dt = get_format(fmt).dtype
+    if granularity == "tensor":
+        s = x2.new_empty((), dtype=torch.float32)
+    elif granularity == "token":  # the kernels' outer-dim-major scale views
+        s = x2.new_empty((-(-k // TOKEN_BLOCK), m), dtype=torch.float32).t()
+    else:  # two_level comes folded: one FP32 scale per row
+        s = x2.new_empty((m, 1), dtype=torch.float32)
+    if not cols:
+        return x2.new_empty((m, k), dtype=dt), s, x2.new_empty(0, dtype=dt), s.new_empty(0)
+    if granularity == "tensor":
+        st = x2.new_empty((), dtype=torch.float32)
+    elif granularity == "token":
+        st = x2.new_empty((-(-m // TOKEN_BLOCK), k), dtype=torch.float32).t()
+    else:
+        st = x2.new_empty((k, 1), dtype=torch.float32)
+    return x2.new_empty((m, k), dtype=dt), s, x2.new_empty((k, m), dtype=dt), st
+
+
+_quantize_pair_op = define_op(
+    "fp8_quantize_pair", "(Tensor x2, str granularity, str scale_format, str fmt, bool cols) "
+    "-> (Tensor, Tensor, Tensor, Tensor)", _quantize_pair, _quantize_pair_fake)
+
+
+def gemm_granularity(granularity: str) -> str:
+    """The GEMM's name for an operand granularity (two-level operands come folded to rows)."""
+    return "row" if granularity == "two_level" else granularity
+
+
+def quantize_pair(x2: torch.Tensor, fmt: OperandFormat, cols: bool):
+    """(data, scale, granularity) of x2 along K, and of x2^T along M when `cols` (else None), in the
+    operand format `fmt`: one opaque op (Triton or CUDA kernels on a GPU, the reference elsewhere)."""
+    q, s, qt, st = _quantize_pair_op(x2, fmt.granularity, fmt.scale_format, fmt.fmt, cols)
+    gran = gemm_granularity(fmt.granularity)
+    return (q, s, gran), ((qt, st, gran) if cols else None)
+
+
+def quantize_weight(w: torch.Tensor, fmt: OperandFormat, scale: torch.Tensor | None = None,
+                    record_amax: torch.Tensor | None = None) -> QTensor:
+    """A weight [N, K] quantized per `fmt` ('block' or 'tensor'; a given per-tensor `scale` is MOSS's
+    predicted one, and `record_amax` receives the true amax on a GPU, which the kernel measures for free)."""
+    if fmt.granularity == "block":
+        if w.is_cuda:
+            from .kernels import quantize_block_triton
+
+            return quantize_block_triton(w, fmt.scale_format, fmt.fmt)
+        return quantize_reference(w, "block", fmt.scale_format, fmt.fmt)
+    if w.is_cuda:
+        from .kernels import quantize_tensor_triton
+
+        q, _ = quantize_tensor_triton(w, fmt.scale_format, fmt.fmt, scale=scale, record_amax=record_amax)
+        return q
+    return quantize_tensor_ref(w, get_format(fmt.fmt), fmt.scale_format, scale=scale)
