@@ -155,7 +155,8 @@ def peer_table(entries: list[tuple[Run, dict]], label) -> list[str]:
         if not str(row["precision"]).startswith("hf_"):
             continue
         for r in run.rows("tokens/s vs peer"):
-            if r.get("HF peer") == row["precision"] and (r.get("seq"), r.get("recompute")) == (row["seq"], row["recompute"]):
+            same_shape = (r.get("seq"), r.get("recompute")) == (row["seq"], row["recompute"])
+            if r.get("HF peer") == row["precision"] and same_shape:
                 rows.append([r["seq"], r["infir precision"], r["HF peer"], r["tokens/s vs peer"], label(run)])
     return ["", "infir vs the HF transformers peers, same run:", "", *table(
         ["seq", "infir precision", "HF peer", "tokens/s vs peer", "run"], rows)] if rows else []
@@ -235,7 +236,8 @@ def hardware_section(shown: list[Run]) -> list[str]:
     for run in shown:
         seen.setdefault(tuple(run.env.get(k) for k in keys), []).append(run.env.get("date", "?")[:10])
     rows = [[*k, ", ".join(sorted(set(dates)))] for k, dates in sorted(seen.items(), key=lambda kv: str(kv[0]))]
-    return ["## Hardware and versions", "", *table(["device", "torch", "CUDA", "triton", "python", "run dates"], rows), ""]
+    columns = ["device", "torch", "CUDA", "triton", "python", "run dates"]
+    return ["## Hardware and versions", "", *table(columns, rows), ""]
 
 
 def render(results: Path, page: Path) -> str:
