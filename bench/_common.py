@@ -1,4 +1,5 @@
-"""Shared bench helpers: a header naming device, versions, command and date, and markdown tables."""
+"""Shared bench helpers: a header naming device, versions, command and date, markdown tables, and the
+report written with its result file (bench/result_file.py)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,11 @@ import platform
 import sys
 
 import torch
+
+if __package__:  # imported as bench._common
+    from .result_file import write_result
+else:  # imported as _common by a script run as `python bench/NAME.py`
+    from result_file import write_result
 
 
 def header() -> str:
@@ -38,7 +44,8 @@ def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
 
 def base_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--out", help="also write the report (markdown) to this path")
+    p.add_argument("--out", help="also write the report (markdown) to this path, and its figures as JSON beside it "
+                                 "(PATH.json), the result file bench/report.py reads")
     return p
 
 
@@ -48,6 +55,7 @@ def emit(title: str, sections: list[str], out: str | None) -> str:
     if out:
         with open(out, "w") as f:
             f.write(text)
+        write_result(out, text)
     return text
 
 

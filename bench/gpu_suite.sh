@@ -16,8 +16,10 @@
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 ran out of memory)
-# Several stages may be named in one call. Reports (markdown) and logs go to $OUT (default
-# outputs/gpu_suite); paste them into BENCHMARKS.md verbatim. Where megatron-core or Hydra is not
+# Several stages may be named in one call. Each stage's log, report (NAME.md) and result file (NAME.json: the
+# report's figures with device, versions, commit, date and command; parity also NAME.png) go to $OUT, by default
+# bench/results/<date>-<commit>/, the folder for this run (where $OUT is elsewhere, copy them there); then
+# `python3 bench/report.py` regenerates BENCHMARKS.md from every run under bench/results/. Where megatron-core or Hydra is not
 # installed (a bare device), every wheel carried in .whl/ (megatron-core, Hydra, OmegaConf, antlr4,
 # torchao and flashoptim for the peer rows) is installed to /tmp/site first. For an offline host, make
 # them on a machine with PyPI (for the host's Python, here 3.12):
@@ -29,7 +31,7 @@
 #   python -c "from infir.data.demo import ensure_demo_data; ensure_demo_data('outputs/demo_data')"
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-outputs/gpu_suite}
+OUT=${OUT:-bench/results/$(date -u +%F)-$(git rev-parse --short=7 HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
 if ! python3 -c "import megatron.core, hydra" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -87,9 +89,9 @@ for stage in "$@"; do
         --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 qwen2.5-7b:none:fp8_blockwise_ue8m0+model.compile_mode=default \
                 "qwen2.5-7b:none:bf16+$NOSP" "qwen2.5-7b:none:fp8_blockwise_ue8m0+$NOSP" ;;
     phases)
-      for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p"; done ;;
+      for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p" --out "$OUT/phases_$p.md"; done ;;
     parity)
-      run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root "$OUT/parity" --out "$OUT/parity.md" \
+      run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root outputs/parity --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
     *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
   esac

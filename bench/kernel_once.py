@@ -7,8 +7,7 @@ The first launch builds and loads a CUDA library; profile the second with ncu's 
 both. Shapes: tokens x ffn for SwiGLU's fused kernels (their inputs are [M, 2F]); every other kernel
 runs on [M, F]. Besides the CUDA C++ kernels (bwd, fwd, both), the Triton single-layout quantizers
 (rows: 1x128; cols: 128x1 written transposed; block: 128x128) and a plain elementwise pass (neg: 2
-bytes in, 2 out, torch's own kernel) give the DRAM figures to set the both-layouts kernel against
-(bench/results/quant_both_ncu_h100.md). Autotuning is off here, so each launches in its default
+bytes in, 2 out, torch's own kernel) give the DRAM figures to set the both-layouts kernel against. Autotuning is off here, so each launches in its default
 configuration only and the profile holds no candidate runs."""
 import argparse
 import os

@@ -1,4 +1,4 @@
-"""Optimizer benchmarks for BENCHMARKS.md (issue 5): step time, bytes per parameter, offload
+"""Optimizer benchmarks: step time, bytes per parameter, offload
 overhead on a 1.5B training step, and a 7B training step with offloaded states.
 
     python bench/optim.py --out bench_optim.md          # on one H100 80GB
@@ -27,6 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
+from bench.result_file import write_result  # noqa: E402
 from infir.optim import build_optimizer, enable_step_in_backward  # noqa: E402
 
 GiB = 1 << 30
@@ -389,7 +390,7 @@ def header(device, argv) -> list[str]:
 def main(argv=None):
     argv = sys.argv if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", help="also write the markdown here")
+    ap.add_argument("--out", help="also write the markdown here, and its figures as JSON beside it (PATH.json)")
     ap.add_argument("--sections", default="ABC")
     ap.add_argument("--quick", action="store_true", help="tiny shapes (smoke test)")
     ap.add_argument("--reps", type=int, default=5)
@@ -414,8 +415,10 @@ def main(argv=None):
         print("\n".join(part), flush=True)
         lines += part
     if args.out:
+        text = "\n".join(lines) + "\n"
         with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            f.write(text)
+        write_result(args.out, text)
 
 
 if __name__ == "__main__":

@@ -160,7 +160,8 @@ def main() -> None:
         if len(base) > 1:
             notes.append(f"BF16's own tail loss varies by {100 * np.std(base, ddof=1) / np.mean(base):.2f}% "
                          f"(std over its {len(base)} seeds, of the mean): a gap inside that is noise")
-    png = Path(args.root) / "parity.png"
+    # beside the report, where bench/report.py finds the figure of the run it shows
+    png = Path(args.out).with_suffix(".png") if args.out else Path(args.root) / "parity.png"
     import matplotlib
 
     matplotlib.use("Agg")

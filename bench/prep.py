@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from result_file import write_result  # bench/ is the script's own folder, first on sys.path
+
 
 def _cpu_name() -> str:
     try:
@@ -79,7 +81,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=8.0, help="corpus size in MB of jsonl")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="also write the table here")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here, and its figures as JSON beside it (PATH.json)")
     args = parser.parse_args()
 
     import megatron.core
@@ -149,6 +151,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(table)
+        write_result(args.out, table)
 
 
 if __name__ == "__main__":

@@ -243,9 +243,8 @@ class PowerMeter:
     """This GPU's energy and the time its clocks were held down by the power cap, read from NVML's
     running counters around each timed step, and (every CLOCK_SAMPLE_MS, from a thread) its SM clock.
     An H100 under load sits at its power cap and moves its SM clock: these readings tell a difference
-    between two runs' steps that is the GPU's from one that is the code's (at 0.5B the FP8 steps that
-    ran 24-34 ms over their kernel time did so at a higher clock than BF16's: the host, not the power
-    cap; BENCHMARKS.md). Without NVML (pynvml not installed) it reads nothing."""
+    between two runs' steps that is the GPU's from one that is the code's (a step slower than its kernel time
+    at a higher clock waited on the host, not on the power cap). Without NVML (pynvml not installed) it reads nothing."""
 
     def __init__(self):
         self.samples: list[tuple[float, int]] = []

@@ -8,13 +8,12 @@ precision recipe. Its steps are timed
 then CUDA events at each micro-batch's start give the GPU time from one start to the next (and from
 the last one to the step's end: its backward, the grad norm and the optimizer), plainly and profiled.
 A first micro-batch longer than the others is work done once a step before it (FP8: the weights'
-re-quantization after the optimizer step, bench results in BENCHMARKS.md).
+re-quantization after the optimizer step).
 
-    python bench/step_phases.py fp8_blockwise_ue8m0
+    python bench/step_phases.py fp8_blockwise_ue8m0 [--out PATH]
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import sys
@@ -25,14 +24,16 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._common import base_parser, emit, markdown_table  # noqa: E402
 from bench.step import bench_config  # noqa: E402
 from infir.train.loop import Trainer  # noqa: E402
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = base_parser(__doc__.splitlines()[0])
     p.add_argument("precision", help="a conf/precision name (bf16, fp8_blockwise_ue8m0, ...)")
-    prec = p.parse_args().precision
+    args = p.parse_args()
+    prec = args.precision
     tr = Trainer(bench_config("qwen2.5-0.5b", 4096, 2, 4, "none", prec, 200, "single", f"/tmp/step_phases/{prec}"))
     for i in range(4):
         tr.train_step(i)
@@ -55,9 +56,12 @@ def main() -> None:
         tr._forward = forward
         return ts
 
+    steps, events = [], []
+
     def show(name, ts):
-        print(f"{prec:22s} {name:34s} median {statistics.median(ts):6.1f}  " + " ".join(f"{t:.1f}" for t in ts),
-              flush=True)
+        steps.append({"precision": prec, "steps timed": name, "median ms": f"{statistics.median(ts):.1f}",
+                      "each step (ms)": " ".join(f"{t:.1f}" for t in ts)})
+        print(steps[-1], flush=True)
 
     profiled = lambda *acts: (lambda: profile(activities=list(acts)))
     show("plain", timed(8))
@@ -87,10 +91,14 @@ def main() -> None:
             torch.cuda.synchronize()
             wall = 1e3 * (time.perf_counter() - t0)
         spans = [a.elapsed_time(b) for a, b in zip(starts, starts[1:])]
-        print(f"{prec:22s} events{' (profiled)' if i >= 3 else ''}: wall {wall:.1f}; micro-batch starts apart (ms): "
-              + " ".join(f"{s:.1f}" for s in spans) + f"; last mb start -> step end {starts[-1].elapsed_time(end):.1f}",
-              flush=True)
+        events.append({"precision": prec, "step": "profiled" if i >= 3 else "plain", "wall ms": f"{wall:.1f}",
+                       "micro-batch starts apart (ms)": " ".join(f"{s:.1f}" for s in spans),
+                       "last micro-batch start to step end (ms)": f"{starts[-1].elapsed_time(end):.1f}"})
+        print(events[-1], flush=True)
     tr._forward = forward
+    emit(f"Where a step's time goes: Qwen2.5-0.5B, seq 4096, {prec}",
+         ["### steps timed plainly, profiled and without run-ahead", markdown_table(steps),
+          "### GPU time between micro-batch starts (CUDA events)", markdown_table(events)], args.out)
 
 
 if __name__ == "__main__":

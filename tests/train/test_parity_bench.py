@@ -15,7 +15,8 @@ def _parity(tmp: Path, demo_root: Path, jobs: int) -> list[dict]:
            "--micro-batch", "4", "--root", str(root), "--data-root", str(demo_root),
            "--recipes", "bf16", "fp8_blockwise_ue8m0", "--jobs", str(jobs), "--out", str(root / "report.md")]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=600)
-    assert (root / "parity.png").stat().st_size > 0
+    assert (root / "report.png").stat().st_size > 0  # the curves, beside the report
+    assert json.loads((root / "report.json").read_text())["tables"][0]["rows"][1]["recipe"] == "fp8_blockwise_ue8m0"
     report = (root / "report.md").read_text()
     assert "| fp8_blockwise_ue8m0 | 1 | 4 |" in report, report  # one seed, 4 steps
     curves = []

@@ -1,0 +1,274 @@
+"""BENCHMARKS.md, generated from the result files under bench/results/ (see bench/result_file.py).
+
+    python3 bench/report.py            # rewrite BENCHMARKS.md from the results
+    python3 bench/report.py --check    # exit 1 when BENCHMARKS.md is not what the results generate
+
+A result file is one run of one bench script: bench/results/<date>-<commit>/<kind>.json, its kind the
+report's name (step_1.5b, linear_graph, quant, parity, ...). The page copies figures from those files and
+writes no figure of its own: the training-step tables take each row (model, parallelism, device, seq,
+recompute, precision) from the newest run that measured it, with the ratios to BF16 and to the HF peers
+that this run printed; the other sections show the newest run of each kind. Each row names its run (date,
+commit, device, command), so every figure can be traced to the file and reproduced.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+METHOD = """\
+**The ceiling.** FP8 speeds up only the transformer blocks' GEMMs. bench/step.py profiles the BF16 step and \
+takes `f_block_gemm`, the share of its GPU time spent in those GEMMs (the LM head's GEMMs excluded: they stay \
+in BF16), and times the blockwise FP8 and the BF16 GEMMs alone at the model's shapes for their speedup \
+`r_fp8_gemm`. The Amdahl bound of the FP8 step is then `1 / ((1 - f) + f / r)`: the speedup FP8 would reach if \
+its GEMMs ran at the measured FP8 speed and everything else (attention, norms, the optimizer, quantization) \
+cost what it costs in BF16. "% of ceiling" is the measured FP8/BF16 speedup over that bound; above 100% means \
+FP8 also shortened work outside the GEMMs (a SwiGLU fused into its quantizers).
+
+**The step.** bench/step.py builds the trainer itself (megatron-core GPTModel from infir's layer spec, \
+per-layer torch.compile, the chunked LM-head loss) on synthetic tokens. It runs three steps to warm up \
+(compilation, autotuning), then times whole optimizer steps (every micro-batch of the gradient accumulation, \
+the optimizer and, for FP8, the weights' re-quantization), each from its start to a device synchronize, and \
+reports the median. Tokens/s counts every token of the step; TFLOP/s and MFU are per GPU, from the model's \
+FLOPs per token, MFU over the dense BF16 peak named in bench/step.py (`SPEC_PEAK`). Peak memory is torch's \
+peak allocated memory over the case. Every ratio compares two cases of one run, on one machine. The HF peers \
+are the same model in HF transformers trained the same way (per-layer torch.compile, BF16 autocast, fused \
+AdamW, SDPA attention): in BF16, and with torchao's float8 training (tensorwise scales) on the block linears."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One result file: a bench script's report on one machine."""
+    kind: str
+    folder: Path
+    env: dict
+    notes: list
+    tables: list
+
+    def rows(self, column: str) -> list[dict]:
+        """The rows of the first table that has this column."""
+        return next((t["rows"] for t in self.tables if column in t["columns"]), [])
+
+
+def load_runs(results: Path) -> list[Run]:
+    """Every result file under results/, oldest first (by the date its report printed)."""
+    runs = [Run(p.stem, p.parent, **{k: v for k, v in json.loads(p.read_text()).items() if k != "title"})
+            for p in sorted(results.glob("*/*.json"))]
+    return sorted(runs, key=lambda r: (r.env.get("date", ""), str(r.folder), r.kind))
+
+
+def fmt(v) -> str:
+    if v is None:
+        return ""
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def table(columns: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(fmt(v) for v in row) + " |" for row in rows)]
+
+
+def run_line(run: Run, page_dir: Path) -> str:
+    env = run.env
+    return (f"{env.get('date', '?')} UTC, commit {env.get('commit', '?')}, {env.get('device', '?')}; result file "
+            f"`{os.path.relpath(run.folder / (run.kind + '.json'), page_dir)}`: `{command(run)}`")
+
+
+def command(run: Run) -> str:
+    """The command as printed; a run of several ranks as torchrun launched it."""
+    cmd = run.env.get("command", "")
+    ranks = world_size(run)
+    if ranks > 1 and cmd.startswith("python "):
+        return f"python -m torch.distributed.run --standalone --nproc_per_node {ranks} {cmd[len('python '):]}"
+    return cmd
+
+
+def parallel_line(run: Run) -> str:
+    """bench/step.py's 'parallel: NAME, N rank(s); ...' line (older reports print none: one GPU)."""
+    lines = [*run.notes, *(tab["caption"] for tab in run.tables)]
+    return next((line for line in lines if line.startswith("parallel: ")), "")
+
+
+def world_size(run: Run) -> int:
+    m = re.search(r"(\d+) rank\(s\)", parallel_line(run))
+    return int(m.group(1)) if m else 1
+
+
+def parallel(run: Run) -> str:
+    m = re.match(r"parallel: ([^,]+),", parallel_line(run))
+    return m.group(1) if m else "single"
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def step_rows(runs: list[Run]) -> dict[tuple, tuple[Run, dict]]:
+    """(model, parallel, device, seq, recompute, precision) -> (run, row), the newest run of each winning."""
+    newest = {}
+    for run in runs:
+        if not run.kind.startswith("step"):
+            continue
+        for row in run.rows("step_ms"):
+            if is_number(row.get("step_ms")):
+                key = (row["model"], parallel(run), run.env.get("device", "?"), row["seq"], row["recompute"],
+                       row["precision"])
+                newest[key] = (run, row)
+    return newest
+
+
+def same_run(run: Run, column: str, row: dict, **match) -> dict:
+    """The row of run's table holding `column` that matches row's model, seq and recompute and `match`."""
+    for r in run.rows(column):
+        if all(r.get(k) == row.get(k) for k in ("model", "seq", "recompute")) and \
+                all(r.get(k) == v for k, v in match.items()):
+            return r
+    return {}
+
+
+STEP_COLUMNS = ["seq", "recompute", "precision", "step ms", "tokens/s", "TFLOP/s per GPU", "MFU", "vs BF16",
+                "% of ceiling", "memory vs BF16", "peak GiB", "run"]
+
+
+def step_table(entries: list[tuple[Run, dict]], label) -> list[str]:
+    rows = []
+    for run, row in entries:
+        ratio = same_run(run, "speedup vs bf16", row, precision=row["precision"])
+        mfu = row.get("MFU(spec)")
+        rows.append([row["seq"], row["recompute"], row["precision"], row["step_ms"], row.get("tokens/s"),
+                     row.get("TFLOP/s"), f"{100 * mfu:.1f}%" if is_number(mfu) else None,
+                     ratio.get("speedup vs bf16"), ratio.get("% of ceiling"), ratio.get("memory vs bf16"),
+                     row.get("peak_mem_GiB"), label(run)])
+    return table(STEP_COLUMNS, rows)
+
+
+def peer_table(entries: list[tuple[Run, dict]], label) -> list[str]:
+    """infir vs each HF peer, as printed by the run that measured the peer row shown."""
+    rows = []
+    for run, row in entries:
+        if not str(row["precision"]).startswith("hf_"):
+            continue
+        for r in run.rows("tokens/s vs peer"):
+            same_shape = (r.get("seq"), r.get("recompute")) == (row["seq"], row["recompute"])
+            if r.get("HF peer") == row["precision"] and same_shape:
+                rows.append([r["seq"], r["infir precision"], r["HF peer"], r["tokens/s vs peer"], label(run)])
+    return ["", "infir vs the HF transformers peers, same run:", "", *table(
+        ["seq", "infir precision", "HF peer", "tokens/s vs peer", "run"], rows)] if rows else []
+
+
+def precision_order(key: tuple) -> tuple:
+    model, par, device, seq, recompute, precision = key
+    family = 2 if str(precision).startswith("hf_") else 0 if str(precision).startswith("bf16") else 1
+    return seq, recompute != "none", recompute, family, precision
+
+
+def step_section(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]]:
+    newest = step_rows(runs)
+    labels: dict[int, str] = {}
+    shown: list[Run] = []
+
+    def label(run: Run) -> str:
+        if id(run) not in labels:
+            labels[id(run)] = chr(ord("a") + len(labels)) if len(labels) < 26 else f"r{len(labels)}"
+            shown.append(run)
+        return labels[id(run)]
+
+    out = ["## Training step (bench/step.py)", "",
+           "Each row comes from the newest run that measured it (its `run`, listed below the tables), so rows of "
+           "one table may come from different commits and machines. The `vs BF16`, `% of ceiling` and `memory vs "
+           "BF16` columns, and the peer ratios, compare two cases of that one run.", ""]
+    for group in sorted({k[:3] for k in newest}):
+        keys = sorted((k for k in newest if k[:3] == group), key=precision_order)
+        entries = [newest[k] for k in keys]
+        model, par, device = group
+        ranks = world_size(entries[0][0])
+        where = "one GPU" if ranks == 1 else f"{par}, {ranks} GPUs"
+        out += [f"### {model}, {where}, {device}", "", *step_table(entries, label), *peer_table(entries, label), ""]
+    out += ["Runs (each row's `run`):", ""]
+    out += [f"- **{labels[id(r)]}** {run_line(r, page_dir)}" for r in shown]
+    return out + [""], shown
+
+
+SECTIONS = [  # (heading, kinds shown: the newest run of each)
+    ("FP8 linear fwd+bwd, one CUDA graph per fwd+bwd, cached weights (bench/linear.py)", ["linear_graph"]),
+    ("FP8 quantizers (bench/quant.py)", ["quant", "quant_swiglu"]),
+    ("Chunked LM head + cross entropy (bench/lm_loss.py)", ["lm_loss"]),
+    ("Optimizers: step time and memory per parameter (bench/optim.py)", ["optim"]),
+    ("Loss parity, FP8 recipes vs BF16 (bench/parity.py)", ["parity_seeds", "parity"]),
+]
+
+
+def run_block(run: Run, page_dir: Path) -> list[str]:
+    """A run as its report printed it: its notes, its tables (each under its caption), its figure if any."""
+    out = [f"Run: {run_line(run, page_dir)}", ""]
+    out += [line for note in run.notes for line in (note, "")]
+    for t in run.tables:
+        if t["caption"]:
+            out += [f"**{t['caption']}**", ""]
+        out += table(t["columns"], t["printed"]) + [""]
+    png = run.folder / f"{run.kind}.png"
+    if png.exists():
+        out += [f"![{run.kind}]({os.path.relpath(png, page_dir)})", ""]
+    return out
+
+
+def kind_sections(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]]:
+    out, shown = [], []
+    for heading, kinds in SECTIONS:
+        newest = [[r for r in runs if r.kind == kind][-1] for kind in kinds if any(r.kind == kind for r in runs)]
+        if newest:
+            out += [f"## {heading}", ""]
+            for run in newest:
+                out += run_block(run, page_dir)
+            shown += newest
+    return out, shown
+
+
+def hardware_section(shown: list[Run]) -> list[str]:
+    keys = ("device", "torch", "cuda", "triton", "python")
+    seen: dict[tuple, list[str]] = {}
+    for run in shown:
+        seen.setdefault(tuple(run.env.get(k) for k in keys), []).append(run.env.get("date", "?")[:10])
+    rows = [[*k, ", ".join(sorted(set(dates)))] for k, dates in sorted(seen.items(), key=lambda kv: str(kv[0]))]
+    columns = ["device", "torch", "CUDA", "triton", "python", "run dates"]
+    return ["## Hardware and versions", "", *table(columns, rows), ""]
+
+
+def render(results: Path, page: Path) -> str:
+    runs = load_runs(results)
+    page_dir = page.resolve().parent
+    steps, step_runs = step_section(runs, page_dir)
+    kinds, kind_runs = kind_sections(runs, page_dir)
+    head = ["# Benchmarks", "",
+            "Generated by `python3 bench/report.py` from the result files under `bench/results/` (one folder per "
+            "run date and commit; `bash bench/gpu_suite.sh` writes a new one); do not edit by hand. Every figure is "
+            "copied from a file a bench script wrote; each row names the run, its commit and the command that "
+            "reproduces it.", ""]
+    method = ["## Method", "", *METHOD.split("\n"), ""]
+    lines = head + hardware_section(step_runs + kind_runs) + method + steps + kinds
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    p.add_argument("--page", type=Path, default=REPO / "BENCHMARKS.md")
+    p.add_argument("--check", action="store_true", help="exit 1 if the page differs from what the results generate")
+    args = p.parse_args()
+    text = render(args.results, args.page)
+    if args.check:
+        if not args.page.exists() or args.page.read_text() != text:
+            sys.exit(f"{args.page} is not what the results under {args.results} generate: run python3 bench/report.py")
+        return
+    args.page.write_text(text)
+    print(f"wrote {args.page} ({len(text.splitlines())} lines) from {args.results}")
+
+
+if __name__ == "__main__":
+    main()

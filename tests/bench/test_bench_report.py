@@ -1,0 +1,119 @@
+"""bench/report.py on CPU: the page it builds from result files (newest run per row, ratios from the run that
+printed them, each row's command), its --check, and the result files bench/_common.emit writes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+import report  # noqa: E402
+from _common import emit, markdown_table  # noqa: E402
+from result_file import write_result  # noqa: E402
+
+STEP_TITLE = "Training step, infir trainer (megatron-core GPTModel, SDPA attention)"
+
+
+def _header(date: str, command: str) -> str:
+    return (f"- device: NVIDIA H100 80GB HBM3\n- torch 2.11.0+cu130, CUDA 13.0, triton 3.6.0, python 3.12.3\n"
+            f"- command: `{command}`\n- date: {date} UTC")
+
+
+def _step_row(precision: str, step_ms: float, tokens: int, mfu: float, mem: float) -> dict:
+    return {"model": "qwen2.5-1.5b", "precision": precision, "seq": 4096, "mbs": 2, "accum": 4, "recompute": "none",
+            "step_ms": step_ms, "tokens/s": tokens, "TFLOP/s": 461.0, "MFU(spec)": mfu, "peak_mem_GiB": mem}
+
+
+def _write_step(folder: Path, date: str, rows: list[dict], ratios: list[dict], peers: list[dict]) -> None:
+    sections = ["parallel: single, 1 rank(s); TFLOP/s and MFU per GPU", markdown_table(rows),
+                "FP8 vs BF16, same run:\n\n" + markdown_table(ratios)]
+    if peers:
+        sections.append("infir vs the HF transformers peers (bench/hf_peer.py), same run:\n\n" + markdown_table(peers))
+    text = "\n\n".join([f"## {STEP_TITLE}", _header(date, f"python bench/step.py --seq 4096 --tag {date[-5:]}"),
+                        *sections]) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "step_1.5b.md").write_text(text)
+    write_result(folder / "step_1.5b.md", text, commit=folder.name.rsplit("-", 1)[-1])
+
+
+def _ratio(precision: str, speedup: float) -> dict:
+    return {"model": "qwen2.5-1.5b", "seq": 4096, "recompute": "none", "precision": precision, "bf16 base": "bf16",
+            "speedup vs bf16": speedup, "Amdahl ceiling": 1.19, "% of ceiling": 100 * speedup / 1.19,
+            "memory vs bf16": 0.619}
+
+
+def _results(root: Path) -> Path:
+    """An older run (every recipe, an HF peer) and a newer one (BF16 and one FP8 recipe), plus a kernel kind
+    measured twice and a parity run with its figure."""
+    old = root / "2026-01-01-aaaaaaa"
+    _write_step(old, "2026-01-01 10:00", [_step_row("bf16", 750.0, 43700, 0.45, 46.2),
+                                          _step_row("fp8_blockwise_ue8m0", 700.0, 46800, 0.48, 40.1),
+                                          _step_row("moss", 820.0, 39900, 0.41, 42.7),
+                                          _step_row("hf_bf16", 790.0, 41500, 0.43, 56.3)],
+                [_ratio("fp8_blockwise_ue8m0", 1.07), _ratio("moss", 0.915)],
+                [{"model": "qwen2.5-1.5b", "seq": 4096, "recompute": "none", "infir precision": "bf16",
+                  "HF peer": "hf_bf16", "tokens/s vs peer": 1.05}])
+    new = root / "2026-01-02-bbbbbbb"
+    _write_step(new, "2026-01-02 10:00", [_step_row("bf16", 745.0, 44000, 0.459, 46.2),
+                                          _step_row("fp8_blockwise_ue8m0", 614.0, 53333, 0.556, 28.6)],
+                [_ratio("fp8_blockwise_ue8m0", 1.21)], [])
+    for folder, date, ms in ((old, "2026-01-01 11:00", 0.5), (new, "2026-01-02 11:00", 0.25)):
+        text = "\n\n".join(["## FP8 linear fwd+bwd", _header(date, "python bench/linear.py --cuda-graph"),
+                            "### summed over the shapes", markdown_table([{"recipe": "fp8", "summed ms": ms}])]) + "\n"
+        write_result(folder / "linear_graph.md", text, commit=folder.name[-7:])
+    text = "\n\n".join(["## Loss parity, FP8 recipes vs BF16", _header("2026-01-02 12:00", "python bench/parity.py"),
+                        markdown_table([{"recipe": "moss", "gap vs bf16 (%)": -0.25}])]) + "\n"
+    write_result(new / "parity.md", text, commit="bbbbbbb")
+    (new / "parity.png").write_bytes(b"\x89PNG")
+    return root
+
+
+def test_page_takes_each_row_from_its_newest_run(tmp_path):
+    page = report.render(_results(tmp_path / "results"), tmp_path / "BENCHMARKS.md")
+    lines = page.splitlines()
+    assert "### qwen2.5-1.5b, one GPU, NVIDIA H100 80GB HBM3" in lines
+    runs = {ln.split("**")[1]: ln for ln in lines if ln.startswith("- **")}
+    new = next(k for k, ln in runs.items() if "2026-01-02 10:00 UTC, commit bbbbbbb" in ln)
+    old = next(k for k, ln in runs.items() if "2026-01-01 10:00 UTC, commit aaaaaaa" in ln)
+    assert "`python bench/step.py --seq 4096 --tag 10:00`" in runs[new]  # the command that reproduces the rows
+    # BF16 and ue8m0 from the newer run, with that run's ratio (1.21) and MFU in percent; moss and the peer
+    # only in the older run, with the ratio that run printed
+    assert f"| 4096 | none | bf16 | 745 | 44000 | 461 | 45.9% |  |  |  | 46.2 | {new} |" in lines
+    assert f"| 4096 | none | fp8_blockwise_ue8m0 | 614 | 53333 | 461 | 55.6% | 1.21 | 102 | 0.619 | 28.6 | {new} |" in lines
+    assert f"| 4096 | none | moss | 820 | 39900 | 461 | 41.0% | 0.915 | 76.9 | 0.619 | 42.7 | {old} |" in lines
+    assert f"| 4096 | bf16 | hf_bf16 | 1.05 | {old} |" in lines
+    assert not any("| 700 |" in ln for ln in lines)  # the older ue8m0 row is replaced
+    assert "| fp8 | 0.25 |" in lines and "| fp8 | 0.5 |" not in lines  # the newest linear_graph run only
+    assert "![parity](results/2026-01-02-bbbbbbb/parity.png)" in lines
+    assert "| moss | -0.25 |" in lines
+
+
+def test_check_detects_a_stale_page(tmp_path):
+    results, page = _results(tmp_path / "results"), tmp_path / "BENCHMARKS.md"
+    cmd = [sys.executable, str(REPO / "bench" / "report.py"), "--results", str(results), "--page", str(page)]
+    assert subprocess.run([*cmd, "--check"], capture_output=True).returncode != 0  # no page yet
+    subprocess.run(cmd, check=True, capture_output=True)
+    assert subprocess.run([*cmd, "--check"], capture_output=True).returncode == 0
+    _write_step(results / "2026-01-03-ccccccc", "2026-01-03 10:00", [_step_row("bf16", 740.0, 44300, 0.46, 46.2)], [], [])
+    stale = subprocess.run([*cmd, "--check"], capture_output=True, text=True)
+    assert stale.returncode != 0 and "python3 bench/report.py" in stale.stderr
+
+
+def test_committed_page_is_what_the_results_generate():
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "report.py"), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert len((REPO / "BENCHMARKS.md").read_text().splitlines()) < 400
+
+
+def test_emit_writes_the_result_file_beside_the_report(tmp_path):
+    out = tmp_path / "quant.md"
+    emit("FP8 quantization kernels", ["measured copy bandwidth (read+write): 3005 GB/s",
+                                      markdown_table([{"kernel": "1x128", "ms": 0.139, "GB/s": 2920.0}])], str(out))
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["title"] == "FP8 quantization kernels"
+    assert {"device", "torch", "cuda", "triton", "python", "command", "date", "commit"} <= set(result["env"])
+    assert result["notes"] == ["measured copy bandwidth (read+write): 3005 GB/s"]
+    assert result["tables"][0]["rows"] == [{"kernel": "1x128", "ms": 0.139, "GB/s": 2920.0}]
+    assert result["tables"][0]["printed"] == [["1x128", "0.139", "2.92e+03"]]
