@@ -124,7 +124,7 @@ def test_gpu_linear_fast_path_matches_emulated(recipe, mkn):
     dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     outs = {}
     for device in ("cuda", "cpu"):  # the GPU's kernels and GEMMs; the CPU's reference quantizers, emulated GEMMs
-        xs, ws = x.to(device).requires_grad_(), w.to(device).requires_grad_()
+        xs, ws = (t.detach().to(device).clone().requires_grad_() for t in (x, w))
         y = linear(xs, ws, None, recipe)
         y.backward(dy.to(device))
         outs[device] = (y.cuda(), xs.grad.cuda(), ws.grad.cuda())
