@@ -45,9 +45,17 @@ def is_sm90(t: torch.Tensor) -> bool:
     return t.is_cuda and _capability(t.device.index if t.device.index is not None else torch.cuda.current_device()) == (9, 0)
 
 
+def blockwise_dtypes_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether scaled_mm's blockwise (1x128, 128x128) scaling takes these FP8 dtypes: E4M3 only on
+    Hopper (torch 2.11 refuses an E5M2 operand), where the recipes with E5M2 gradients fall back."""
+    return a.dtype == b.dtype == torch.float8_e4m3fn
+
+
 def scaled_mm_fits(a: QTensor, b: QTensor) -> bool:
-    """Shapes and granularities the scaled_mm backend takes (else auto falls back)."""
+    """Shapes, granularities and dtypes the scaled_mm backend takes (else auto falls back)."""
     if (a.granularity, b.granularity) not in _SCALED_MM_PAIRS or a.data.dim() != 2 or b.data.dim() != 2:
+        return False
+    if a.granularity == "token" and not blockwise_dtypes_ok(a.data, b.data):
         return False
     k = a.data.shape[1]
     if a.granularity in ("tensor", "row"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .formats import get_format
-from .gemm import fp8_gemm, fp8_gemm_accumulate, is_sm90, outer_dim_major, scaled_mm_blockwise
+from .gemm import blockwise_dtypes_ok, fp8_gemm, fp8_gemm_accumulate, is_sm90, outer_dim_major, scaled_mm_blockwise
 from .oplib import define_op
 from .quantize import TOKEN_BLOCK, QTensor, fold_two_level, quantize_reference, quantize_tensor_ref, transposed
 from .recipe import OperandFormat
@@ -65,6 +65,7 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
     m, k = a.shape
     n = b.shape[1 if b_transposed else 0]
     fast = (a_gran == "token" and is_sm90(a) and m % 16 == 0 and k % 128 == 0 and n % 128 == 0
+            and blockwise_dtypes_ok(a, b)
             and ((b_gran == "block" and b_mm_scale is not None) or (b_gran == "token" and not b_transposed)))
     if fast:
         bk = transposed(b) if b_transposed else b

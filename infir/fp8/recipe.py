@@ -119,9 +119,10 @@ class Recipe:
 
 
 def _blockwise(name: str, scale_format: str, grad_fmt: str = "e4m3") -> Recipe:
+    # CUDA graphs pay where the step waits on the host, not with E5M2's emulated GEMMs (see RECIPES)
     return Recipe(name, input=OperandFormat("token", scale_format), weight=OperandFormat("block", scale_format),
                   grad_output=OperandFormat("token", scale_format, grad_fmt), weight_refresh="graph",
-                  cuda_graphs=True)
+                  cuda_graphs=grad_fmt == "e4m3")
 
 
 def _per_tensor(name: str) -> Recipe:
@@ -138,9 +139,11 @@ def _moss(name: str) -> Recipe:
 # The registry. InfiR2's recipe (TE's Float8BlockScaling): E4M3 forward and backward, activations and
 # gradients per 1x128 along each GEMM's contraction dim, weights per 128x128 block, power-of-two
 # scales. Its FP32-scale ablation. The E4M3/E5M2 hybrid of the FP8 formats paper (TE's default
-# format): gradients keep E5M2's range, activations and weights E4M3's precision. Just-in-time
-# per-tensor scales (LLMQ). MOSS: two-level microscaling, per-tensor weights with automatic scaling
-# (the two-level operands enter the GEMM folded: quantize.fold_two_level).
+# format): gradients keep E5M2's range, activations and weights E4M3's precision; on Hopper, torch's
+# blockwise scaled_mm takes E4M3 operands only, so its dgrad and wgrad run the emulated GEMM there
+# (gemm.blockwise_dtypes_ok): a numerics recipe, for parity runs, until a blockwise GEMM takes E5M2.
+# Just-in-time per-tensor scales (LLMQ). MOSS: two-level microscaling, per-tensor weights with
+# automatic scaling (the two-level operands enter the GEMM folded: quantize.fold_two_level).
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("bf16"),
     Recipe("fp32", compute_dtype=torch.float32),

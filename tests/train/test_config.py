@@ -66,10 +66,12 @@ def test_compile_mode_auto_takes_cuda_graphs_for_blockwise_fp8_only(precision, r
     import torch
 
     from infir.train.loop import compile_mode
+    from infir.train.precision import build_recipe
 
     cfg = compose([f"precision={precision}", f"model.recompute={recompute}"])
     assert cfg.model.compile_mode == "auto"
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    assert compile_mode(cfg.model.compile_mode, cfg.precision.recipe, cfg.model.recompute, gpu) == mode
-    assert compile_mode(cfg.model.compile_mode, cfg.precision.recipe, cfg.model.recompute, cpu) == "default"  # no graphs on CPU
-    assert compile_mode("default", cfg.precision.recipe, recompute, gpu) == "default"  # an explicit mode wins
+    recipe = build_recipe(cfg.precision)
+    assert compile_mode(cfg.model.compile_mode, recipe, cfg.model.recompute, gpu) == mode
+    assert compile_mode(cfg.model.compile_mode, recipe, cfg.model.recompute, cpu) == "default"  # no graphs on CPU
+    assert compile_mode("default", recipe, recompute, gpu) == "default"  # an explicit mode wins
