@@ -9,7 +9,7 @@ $INFIR_KERNEL_CACHE (default ~/.cache/infir/kernels), written to a temporary nam
 so ranks that build at once do not read each other's half-written files. Where nvcc is missing,
 the build fails or the GPU is older than sm_89 (no FP8 conversion instructions), `load` returns
 None and callers keep their fallback (the Triton kernels; torch's scaled_mm for lt_wgrad.cu);
-INFIR_CUDA_KERNELS=0 makes that the choice.
+INFIR_CUDA_KERNELS=0 (policy.cuda_kernels) makes that the choice.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from ..policy import kernel_policy
 
 log = logging.getLogger(__name__)
 _HERE = Path(__file__).resolve().parent
@@ -92,7 +94,7 @@ def _build(source: Path, arch: str, nvcc: str, extra: tuple | list = ()) -> Path
 def load(name: str, device: torch.device, cublaslt: bool = False) -> ctypes.CDLL | None:
     """The library built from kernels/<name>.cu for `device`'s architecture, or None (see module doc).
     cublaslt: the source calls cuBLASLt (built against torch's copy, see cublaslt_flags)."""
-    if os.environ.get("INFIR_CUDA_KERNELS", "1") == "0":
+    if not kernel_policy().cuda_kernels:
         return None
     key = (name, torch.cuda.get_device_capability(device))
     if key in _LOADED:
