@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from infir.fp8.kernels import cuda_build
+from infir.fp8.policy import KernelPolicy, kernel_policy, policy_override
 
 
 def test_build_is_cached_and_the_entry_point_refuses_bad_shapes(tmp_path, monkeypatch):
@@ -33,9 +34,8 @@ def test_no_cuda_kernels_means_none(monkeypatch, caplog):
     dev = torch.device("cuda", 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(cuda_build, "_LOADED", {})
-    monkeypatch.setenv("INFIR_CUDA_KERNELS", "0")
-    assert cuda_build.load("quant_both", dev) is None
-    monkeypatch.delenv("INFIR_CUDA_KERNELS")
+    with policy_override(cuda_kernels=False):
+        assert cuda_build.load("quant_both", dev) is None
     monkeypatch.setattr(cuda_build, "_nvcc", lambda: None)
     assert cuda_build.load("quant_both", dev) is None
     monkeypatch.setattr(cuda_build, "_LOADED", {})
@@ -53,7 +53,7 @@ def test_no_cuda_kernels_means_none(monkeypatch, caplog):
 
 
 def test_a_failing_autotune_candidate_is_skipped_with_a_warning(caplog):
-    from infir.fp8.kernels.quant import _warmed
+    from infir.fp8.kernels.autotune import warmed
 
     x = torch.ones(4)
 
@@ -65,6 +65,17 @@ def test_a_failing_autotune_candidate_is_skipped_with_a_warning(caplog):
         return lambda t: t * 2
 
     with caplog.at_level(logging.WARNING):
-        assert _warmed(build, {"CUDA": True}, x) is None
-        assert torch.equal(_warmed(build, {"num_warps": 4}, x)(x), x * 2)
+        assert warmed(build, {"CUDA": True}, x) is None
+        assert torch.equal(warmed(build, {"num_warps": 4}, x)(x), x * 2)
     assert "skipped" in caplog.text and "cudaError 209" in caplog.text
+
+
+def test_the_policy_is_read_from_the_environment_once():
+    env = {"INFIR_CUDA_KERNELS": "0", "INFIR_FP8_AUTOTUNE": "0", "TRITON_INTERPRET": "1"}
+    assert KernelPolicy.from_env(env) == KernelPolicy(cuda_kernels=False, autotune=False, interpret=True)
+    assert KernelPolicy.from_env({}) == KernelPolicy(cuda_kernels=True, autotune=True, interpret=False)
+    assert kernel_policy() is kernel_policy()
+    before = kernel_policy()
+    with policy_override(autotune=False) as p:
+        assert kernel_policy() is p and not p.autotune and p.interpret == before.interpret
+    assert kernel_policy() is before

@@ -60,6 +60,7 @@ def check(got, want, match, where: str) -> None:
             torch.testing.assert_close(g.float(), w.float(), rtol=match.rtol, atol=match.atol, equal_nan=True,
                                        msg=lambda m: f"{at} ({match.reason}): {m}")
         else:
+            assert isinstance(match, NormClose), match
             err = float((g.double() - w.double()).norm() / w.double().norm())
             assert err < match.tol, f"{at}: relative error {err:.3g} >= {match.tol} ({match.reason})"
 

@@ -1,6 +1,6 @@
 """The fast kernels of infir.fp8, one module per family, each with its plain-PyTorch reference named
-in its docstring (infir/fp8/quantize.py, swiglu_reference.py, gemm.py, infir/model/lm_loss.py) and
-held to it by tests/fp8/test_kernel_pairs.py over registry.PAIRS:
+in its docstring (infir/fp8/quantize.py, swiglu_reference.py, gemm_reference.py, lm_loss_reference.py)
+and held to it by tests/fp8/test_kernel_pairs.py over registry.PAIRS:
 
   triton_fp8       the Triton helpers every quantizer shares (scale from amax, RNE cast, quotients)
   quant_token      1x128 scales along K, in both GEMM layouts (quant_both.cu is one more candidate)
@@ -16,6 +16,7 @@ held to it by tests/fp8/test_kernel_pairs.py over registry.PAIRS:
   autotune         candidate configurations, the first-call timing, the launch cache
   cuda_lib         the CUDA C++ kernels' ctypes entry points and which inputs they take
   cuda_build       nvcc on first use, cached per source, GPU and nvcc version
+  registry         every (kernel, reference) pair, its inputs and how the two must agree
 
 Which of them run is infir.fp8.policy's and infir.fp8.dispatch's choice.
 """

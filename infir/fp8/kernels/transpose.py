@@ -21,7 +21,7 @@ from .triton_fp8 import check_device
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 # (BR, BC, num_warps); the first is used where nothing is timed (interpreter, INFIR_FP8_AUTOTUNE=0).
-_CONFIGS = [(64, 64, 4), (128, 128, 8), (128, 64, 4), (64, 128, 4), (32, 128, 4), (128, 32, 4)]
+CONFIGS = [(64, 64, 4), (128, 128, 8), (128, 64, 4), (64, 128, 4), (32, 128, 4), (128, 32, 4)]
 
 
 @triton.jit
@@ -36,7 +36,8 @@ def _transpose_kernel(x_ptr, y_ptr, R, C, stride_r, BR: tl.constexpr, BC: tl.con
     tl.store(y_ptr + rc[:, None].to(tl.int64) * R + rr[None, :], tl.trans(x), mask=(rc[:, None] < C) & (rr[None, :] < R))
 
 
-def _entry(x: torch.Tensor, cfg):
+def runner(x: torch.Tensor, cfg):
+    """run(t) -> t^T for inputs shaped as x, in one configuration (BR, BC, num_warps) of CONFIGS."""
     br, bc, warps = cfg
     R, C = x.shape
     launch = Launch(_transpose_kernel, grid1d(triton.cdiv(R, br) * triton.cdiv(C, bc)), warps)
@@ -61,5 +62,5 @@ def transpose_2d(x: torch.Tensor) -> torch.Tensor:
     run = ENTRIES.get(key)
     if run is None:
         check_device(x)
-        run = ENTRIES[key] = best(lambda c: _entry(x, c), _CONFIGS, x)
+        run = ENTRIES[key] = best(lambda c: runner(x, c), CONFIGS, x)
     return run(x)

@@ -202,7 +202,7 @@ def quot_ok(s, DIV: tl.constexpr):
 def mask_t(rm, rk, M, K):
     # The bounds mask of a transposed [K-tile, M-tile] store, built in that orientation rather than
     # by tl.trans(mask): the weight kernels' transposed store with a transposed mask went wrong on
-    # an H100 (see _W_T_BY_TORCH), so no kernel here transposes a boolean tile.
+    # an H100 (see quant_block.py), so no kernel here transposes a boolean tile.
     return (rk[:, None] < K) & (rm[None, :] < M)
 
 
