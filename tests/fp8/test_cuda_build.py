@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infir.fp8.kernels import cuda_build
-from infir.fp8.policy import KernelPolicy, kernel_policy, policy_override
+from infir.fp8.policy import policy_override
 
 
 def test_build_is_cached_and_the_entry_point_refuses_bad_shapes(tmp_path, monkeypatch):
@@ -68,14 +68,3 @@ def test_a_failing_autotune_candidate_is_skipped_with_a_warning(caplog):
         assert warmed(build, {"CUDA": True}, x) is None
         assert torch.equal(warmed(build, {"num_warps": 4}, x)(x), x * 2)
     assert "skipped" in caplog.text and "cudaError 209" in caplog.text
-
-
-def test_the_policy_is_read_from_the_environment_once():
-    env = {"INFIR_CUDA_KERNELS": "0", "INFIR_FP8_AUTOTUNE": "0", "TRITON_INTERPRET": "1"}
-    assert KernelPolicy.from_env(env) == KernelPolicy(cuda_kernels=False, autotune=False, interpret=True)
-    assert KernelPolicy.from_env({}) == KernelPolicy(cuda_kernels=True, autotune=True, interpret=False)
-    assert kernel_policy() is kernel_policy()
-    before = kernel_policy()
-    with policy_override(autotune=False) as p:
-        assert kernel_policy() is p and not p.autotune and p.interpret == before.interpret
-    assert kernel_policy() is before

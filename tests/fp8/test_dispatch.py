@@ -1,5 +1,5 @@
-"""infir.fp8.dispatch picks the reference or the kernels with the same results, and the reference
-layer it picks from imports no kernel."""
+"""infir.fp8.dispatch picks the reference or the kernels with the same results, under a kernel policy
+read once from the environment; the reference layer it picks from imports no kernel."""
 import ast
 from pathlib import Path
 
@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import infir.fp8
-from infir.fp8.dispatch import quantize, quantize_pair, transpose_q, transposed
+from infir.fp8.dispatch import (KernelPolicy, kernel_policy, policy_override, quantize, quantize_pair, transpose_q,
+                                transposed)
 from infir.fp8.quantize import fold_two_level, quantize_reference
 from qcheck import assert_same_q, rand
 
@@ -86,3 +87,14 @@ def test_gpu_transposes_equal_the_reference():
     q = quantize(x, "block")
     assert_same_q(transpose_q(q), quantize_reference(x.cpu(), "block").t())
     assert torch.equal(transposed(x).cpu(), x.cpu().t().contiguous())
+
+
+def test_the_policy_is_read_from_the_environment_once():
+    env = {"INFIR_CUDA_KERNELS": "0", "INFIR_FP8_AUTOTUNE": "0", "TRITON_INTERPRET": "1"}
+    assert KernelPolicy.from_env(env) == KernelPolicy(cuda_kernels=False, autotune=False, interpret=True)
+    assert KernelPolicy.from_env({}) == KernelPolicy(cuda_kernels=True, autotune=True, interpret=False)
+    assert kernel_policy() is kernel_policy()
+    before = kernel_policy()
+    with policy_override(autotune=False) as p:
+        assert kernel_policy() is p and not p.autotune and p.interpret == before.interpret
+    assert kernel_policy() is before
