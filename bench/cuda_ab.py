@@ -45,7 +45,7 @@ def build(rev: str | None) -> ctypes.CDLL:
             (tmp / name).write_text(text)
         src = tmp / "quant_both.cu"
     dev = torch.device("cuda")
-    lib = ctypes.CDLL(str(cuda_build._build(src, cuda_build._arch(dev), cuda_build._nvcc())))
+    lib = ctypes.CDLL(str(cuda_build.build(src, cuda_build.gpu_arch(dev), cuda_build.find_nvcc())))
     if lib.infir_quant_token_both_init():
         raise RuntimeError(f"quant_both.cu ({rev or 'working tree'}): kernel setup failed")
     for entry, (_, _, argtypes) in cuda_lib.CUDA_ENTRY.items():
