@@ -116,11 +116,12 @@ def test_gpu_software_fp8_cast_equals_hardware_cast(fmt):
     from infir.fp8.kernels.triton_fp8 import TL_DTYPE
 
     f = get_format(fmt)
-    x = rand((1 << 20,), device="cuda", dtype=torch.float32) * torch.exp2(torch.randint(-20, 12, (1 << 20,), device="cuda").float())
+    n = 1 << 20
+    x = rand((n,), device="cuda", dtype=torch.float32) * torch.exp2(torch.randint(-20, 12, (n,), device="cuda").float())
     x[:4] = torch.tensor([float("nan"), 1e30, -1e30, -0.0])
     hw = torch.empty(x.shape, dtype=f.dtype, device="cuda")
     sw = torch.empty(x.shape, dtype=torch.uint8, device="cuda")
-    _cast_both_ways_kernel[(triton.cdiv(x.numel(), 1024),)](x, hw, sw, x.numel(), FMAX=f.max, HW=TL_DTYPE[fmt], BLOCK=1024)
+    _cast_both_ways_kernel[(triton.cdiv(n, 1024),)](x, hw, sw, n, FMAX=f.max, HW=TL_DTYPE[fmt], BLOCK=1024)
     assert torch.equal(hw.view(torch.uint8), sw)
 
 

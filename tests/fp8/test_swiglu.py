@@ -185,8 +185,8 @@ def test_gpu_fused_backward_quantizer_matches_the_reference(shape):
 
 @pytest.mark.gpu
 def test_gpu_fused_backward_quantizer_falls_back_without_the_cuda_library():
-    """With the CUDA kernels off (INFIR_CUDA_KERNELS=0, or no nvcc) the op runs the unfused pair, Triton's SwiGLU backward then
-    the Triton quantizer, and still matches the reference."""
+    """With the CUDA kernels off (INFIR_CUDA_KERNELS=0, or no nvcc) the op runs the unfused pair,
+    Triton's SwiGLU backward then the Triton quantizer, and still matches the reference."""
     from qcheck import rand
 
     from infir.fp8.kernels import cuda_build

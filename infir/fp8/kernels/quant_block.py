@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from ...kernel_launch import Launch, grid1d
-from ..quantize import WEIGHT_BLOCK, QTensor
 from ..policy import kernel_policy
+from ..quantize import WEIGHT_BLOCK, QTensor
 from .autotune import ENTRIES, best, pick
 from .triton_fp8 import abs_nan_inf, check_device, consts, inv_scale, q8, quot_safe, scale_from_amax
 

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from ...kernel_launch import Launch, grid1d
-from ..quantize import QTensor
 from ..policy import kernel_policy
+from ..quantize import QTensor
 from .autotune import DEFAULT_CFG, ENTRIES, n_sm
 from .transpose import transpose_2d
 from .triton_fp8 import abs_nan_inf, check_device, consts, inv_scale, q8, quot_safe, scale_from_amax

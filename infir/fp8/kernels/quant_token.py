@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 from ...kernel_launch import Launch, grid1d
-from ..quantize import TOKEN_BLOCK, QTensor
 from ..policy import kernel_policy
+from ..quantize import TOKEN_BLOCK, QTensor
 from .autotune import BOTH_CONFIGS, COLS_CONFIGS, ENTRIES, TRITON_BOTH, best, pick
 from .cuda_lib import both_layouts_outputs, cuda_both_ok, cuda_fn
 from .triton_fp8 import abs_nan_inf, check_device, consts, inv_scale, mask_t, q8, quot_ok, scale_from_amax

@@ -16,8 +16,8 @@ import triton.language as tl
 
 from ...kernel_launch import Launch, grid1d
 from ..formats import get_format
-from ..quantize import MICRO_GROUP, QTensor
 from ..policy import kernel_policy
+from ..quantize import MICRO_GROUP, QTensor
 from .autotune import ENTRIES, best
 from .cuda_lib import cuda_fn, cuda_two_level_ok
 from .triton_fp8 import abs_nan_inf, cast_fp8, ceil_log2, check_device, consts, exp2i, fp8_round, scale_from_amax

@@ -19,7 +19,8 @@ import torch
 from ..formats import FORMATS, SCALE_FORMATS, amax_with_nan_as_inf, get_format
 from ..gemm_reference import emulated_gemm
 from ..lm_loss_reference import chunk_grad_torch, chunk_stats_torch
-from ..quantize import QTensor, dequantize, fold_two_level, quantize_reference, quantize_tensor_ref, transposed_reference
+from ..quantize import (QTensor, dequantize, fold_two_level, quantize_reference, quantize_tensor_ref,
+                        transposed_reference)
 from ..swiglu_reference import (swiglu_fp8_backward_quantized_reference, swiglu_fp8_backward_reference,
                                 swiglu_fp8_forward_quantized_reference, swiglu_fp8_forward_reference)
 from .cuda_lib import cuda_both_ok, cuda_two_level_ok
