@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import base_parser, bench_ms, copy_bandwidth_gbs, emit, markdown_table  # noqa: E402
 from infir.fp8.kernels import cuda_build  # noqa: E402
-from infir.fp8.kernels import quant as kq  # noqa: E402
+from infir.fp8.kernels import cuda_lib  # noqa: E402
 
 SRC = Path("infir/fp8/kernels")
 # default shapes: X of the Qwen2.5 projections (hidden 896 .. 8192 columns), SwiGLU at 0.5B/1.5B/7B's ffn
@@ -45,10 +45,10 @@ def build(rev: str | None) -> ctypes.CDLL:
             (tmp / name).write_text(text)
         src = tmp / "quant_both.cu"
     dev = torch.device("cuda")
-    lib = ctypes.CDLL(str(cuda_build._build(src, cuda_build._arch(dev), cuda_build._nvcc())))
+    lib = ctypes.CDLL(str(cuda_build.build(src, cuda_build.gpu_arch(dev), cuda_build.find_nvcc())))
     if lib.infir_quant_token_both_init():
         raise RuntimeError(f"quant_both.cu ({rev or 'working tree'}): kernel setup failed")
-    for entry, (_, _, argtypes) in kq._CUDA_ENTRY.items():
+    for entry, (_, _, argtypes) in cuda_lib.CUDA_ENTRY.items():
         if entry.startswith("infir_swiglu") or entry == "infir_quant_token_both":
             fn = getattr(lib, entry)
             fn.restype, fn.argtypes = ctypes.c_int, argtypes
@@ -63,7 +63,7 @@ def calls(lib, shape: str, kind: str, loads: int):
     if kind == "plain":
         M, K = a, b
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
-        out = kq.both_layouts_outputs(M, K, "e4m3", x.device)
+        out = cuda_lib.both_layouts_outputs(M, K, "e4m3", x.device)
         ptrs = [t.data_ptr() for t in out]
         return (4 * M * K + 8 * M * K // 128, out,
                 lambda: lib.infir_quant_token_both(x.data_ptr(), K, *ptrs, M, K, 1, 0, loads, stream))
@@ -74,7 +74,7 @@ def calls(lib, shape: str, kind: str, loads: int):
               + 0x80 * torch.randint(0, 2, (M, 2 * F), device="cuda", generator=g)).to(torch.uint8)
         sh = torch.full((M, 2 * F // 128), 2.0 ** -4, device="cuda")
         dy = torch.randn(M, F, device="cuda", dtype=torch.bfloat16, generator=g)
-        out = kq.both_layouts_outputs(M, 2 * F, "e4m3", dy.device)
+        out = cuda_lib.both_layouts_outputs(M, 2 * F, "e4m3", dy.device)
         ptrs = [t.data_ptr() for t in out]
         return (8 * M * F + 16 * F * M // 128, out,
                 lambda: lib.infir_swiglu_bwd_quant_both(qh.data_ptr(), sh.data_ptr(), 0, dy.data_ptr(), F, *ptrs,
@@ -82,7 +82,7 @@ def calls(lib, shape: str, kind: str, loads: int):
     h = torch.randn(M, 2 * F, device="cuda", dtype=torch.bfloat16, generator=g)
     qh = torch.empty(M, 2 * F, device="cuda", dtype=torch.uint8)
     sh = torch.empty(M, 2 * F // 128, device="cuda")
-    out = (qh, sh) + kq.both_layouts_outputs(M, F, "e4m3", h.device)
+    out = (qh, sh) + cuda_lib.both_layouts_outputs(M, F, "e4m3", h.device)
     ptrs = [t.data_ptr() for t in out[2:]]
     return (8 * M * F + 16 * F * M // 128, out,
             lambda: lib.infir_swiglu_fwd_quant_both(h.data_ptr(), 2 * F, qh.data_ptr(), sh.data_ptr(), 1, 0, *ptrs,

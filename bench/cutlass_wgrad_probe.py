@@ -41,12 +41,12 @@ def cutlass_root(arg: str | None) -> Path:
 
 def build(root: Path) -> ctypes.CDLL:
     src = Path(__file__).with_name("cutlass_wgrad_probe.cu")
-    nvcc = cuda_build._nvcc()
+    nvcc = cuda_build.find_nvcc()
     if nvcc is None:
         raise SystemExit("cutlass_wgrad_probe: nvcc not found; put the CUDA toolkit's bin on PATH or set CUDA_HOME")
     flags = ["-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG",  # asserts serialize the wgmma pipeline
              f"-I{root / 'include'}", f"-I{root / 'tools' / 'util' / 'include'}"]
-    lib = ctypes.CDLL(str(cuda_build._build(src, cuda_build._arch(torch.device("cuda")), nvcc, flags)))
+    lib = ctypes.CDLL(str(cuda_build.build(src, cuda_build.gpu_arch(torch.device("cuda")), nvcc, flags)))
     lib.probe_wgrad.restype = ctypes.c_int
     lib.probe_wgrad.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
     return lib

@@ -12,11 +12,12 @@ configuration only and the profile holds no candidate runs."""
 import argparse
 import os
 
-os.environ["INFIR_FP8_AUTOTUNE"] = "0"  # read when infir.fp8.kernels is imported
+os.environ["INFIR_FP8_AUTOTUNE"] = "0"  # read by infir.fp8.policy before the first kernel call
 
 import torch  # noqa: E402
 
-from infir.fp8.kernels import quant as kn  # noqa: E402
+from infir.fp8 import kernels as kn  # noqa: E402
+from infir.fp8.kernels.quant_token import cuda_both_runner  # noqa: E402
 from infir.fp8.kernels import swiglu as ks  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def main() -> None:
         _, q, s = ks.swiglu_fp8_fwd(h, "ue8m0", "e4m3")
         run = {"bwd": lambda: ks.swiglu_fp8_bwd_quant(q, s, dy, "ue8m0", "e4m3"),
                "fwd": lambda: ks.swiglu_fp8_fwd_quant(h, "ue8m0", "e4m3", "ue8m0", "e4m3"),
-               "both": lambda: kn._cuda_both_run(dy, "ue8m0", "e4m3", 4)(dy),
+               "both": lambda: cuda_both_runner(dy, "ue8m0", "e4m3", 4)(dy),
                "rows": lambda: kn.quantize_token_triton(dy, rows=True, cols=False),
                "cols": lambda: kn.quantize_token_triton(dy, rows=False, cols=True),
                "block": lambda: kn.quantize_block_triton(dy),

@@ -13,8 +13,8 @@ Sections
      against the same optimizer with its states on the GPU.
   C  a Qwen2 7B training step on one GPU with states offloaded to pinned host memory and the
      step inside the last backward (gradient release): peak GPU memory.
-  K  (not in the default set) FlashAdamW kernel variants over the same 1.54B shapes: one launch
-     per tensor vs one multi-tensor launch, tile rows, warps, IEEE vs reciprocal division; each
+  K  (not in the default set) FlashAdamW kernel variants over the same 1.54B shapes: tile rows,
+     warps, IEEE vs reciprocal division; each
      variant's result is compared bit for bit with the first one's, from the same start state.
 """
 import argparse
@@ -157,14 +157,12 @@ def section_a(shapes, device, clock, reps):
 
 
 # --- K: FlashAdamW kernel variants -----------------------------------------------------------------
-K_VARIANTS = [  # (label, multi-tensor launch, rows, num_warps, fast_div)
-    ("per-tensor launches, IEEE div (the old kernel)", False, 32, 4, False),
-    ("per-tensor launches, rows 32, 4 warps, reciprocal div", False, 32, 4, True),
-    ("per-tensor launches, rows 16, 4 warps, reciprocal div", False, 16, 4, True),
-    ("per-tensor launches, rows 16, 2 warps, reciprocal div", False, 16, 2, True),
-    ("per-tensor launches, rows 8, 2 warps, reciprocal div", False, 8, 2, True),
-    ("multi-tensor, rows 32, 4 warps, reciprocal div", True, 32, 4, True),
-    ("multi-tensor, rows 16, 4 warps, reciprocal div", True, 16, 4, True),
+K_VARIANTS = [  # (label, rows, num_warps, fast_div)
+    ("IEEE div (the old kernel)", 32, 4, False),
+    ("rows 32, 4 warps, reciprocal div", 32, 4, True),
+    ("rows 16, 4 warps, reciprocal div", 16, 4, True),
+    ("rows 16, 2 warps, reciprocal div", 16, 2, True),
+    ("rows 8, 2 warps, reciprocal div", 8, 2, True),
 ]
 
 
@@ -208,19 +206,13 @@ def section_k(shapes, device, clock, reps):
              f"{moved / n:.2f} B/param: floor {moved / bw * 1e3:.1f} ms", "",
              "| variant | step ms | GB/s | % of copy BW | bits vs first variant |", "|---|---|---|---|---|"]
     ref, best = None, None
-    for label, multi, rows, warps, fast in K_VARIANTS:
+    for label, rows, warps, fast in K_VARIANTS:
         try:
-            plan = [None]
-
             def run():
-                if multi:
-                    plan[0] = fat.flash_adamw_multi_(params, grads, states, s, plan[0], rows=rows,
-                                                     num_warps=warps, fast_div=fast)
-                else:
-                    for p, g, st in zip(params, grads, states):
-                        fat.flash_adamw_triton_(p, g, st.get("correction"), st["m_codes"],
-                                                st["m_scales"], st["v_codes"], st["v_scales"], s,
-                                                rows=rows, num_warps=warps, fast_div=fast)
+                for p, g, st in zip(params, grads, states):
+                    fat.flash_adamw_triton_(p, g, st.get("correction"), st["m_codes"],
+                                            st["m_scales"], st["v_codes"], st["v_scales"], s,
+                                            rows=rows, num_warps=warps, fast_div=fast)
             restore()
             run()
             result = [(p.detach().clone(), {k: v.clone() for k, v in st.items()})
@@ -235,15 +227,14 @@ def section_k(shapes, device, clock, reps):
             del result
             t = clock.time(run, warmup=2, reps=reps)
             if same != "DIFFERENT" and (best is None or t < best[0]):
-                best = (t, label, multi, rows, warps, fast)
+                best = (t, label, rows, warps, fast)
             lines.append(f"| {label} | {t * 1e3:.2f} | {moved / t / 1e9:.0f} | "
                          f"{moved / t / bw * 100:.0f} | {same} |")
         except Exception as e:
             lines.append(f"| {label} | failed: {type(e).__name__}: {str(e)[:120]} | | | |")
         print(lines[-1], flush=True)
-    lines.append(f"\nalignment hint compiled: {fat._ALIGN_HINT_WORKS}")
     if best is not None:  # the sections after this one step FlashAdamW with the fastest variant
-        _, label, fat.MULTI_TENSOR, fat.ROWS, fat.NUM_WARPS, fat.FAST_DIV = best
+        _, label, fat.ROWS, fat.NUM_WARPS, fat.FAST_DIV = best
         lines.append(f"sections run after K use the fastest variant: {label}")
     del params, opt, start, ref, grads, states
     return lines

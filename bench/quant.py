@@ -9,7 +9,7 @@ the first element depends on the last), so its row counts 2 reads + 1 write.
 --host: microseconds of host time per call, 1000 calls on a 256x256 tensor without synchronizing
 (the GPU work is a few microseconds, so the host is the bottleneck: this is what a host-bound
 training step pays per quantization).
---sweep: every kernel configuration / quotient algorithm, timed at each shape (tuning).
+--sweep: every kernel configuration, timed at each shape (tuning).
 --old PATH: also time an older kernels/quant.py (before/after comparisons in one run).
 --swiglu: SwiGLU and the FP8 quantizers around it at tokens x ffn shapes, unfused (SwiGLU's Triton
 kernel, then the both-layouts quantizer) against quant_both.cu's fused kernels: backward, FC1's
@@ -29,7 +29,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import base_parser, bench_ms, copy_bandwidth_gbs, emit, markdown_table  # noqa: E402
 from infir.fp8 import kernels as kn  # noqa: E402
-from infir.fp8.kernels import quant as kq  # noqa: E402
+from infir.fp8.kernels import autotune, cuda_lib, quant_token  # noqa: E402
+from infir.fp8.policy import policy_override  # noqa: E402
 
 
 def load_old(path):
@@ -88,13 +89,13 @@ def host_cases(x, k=kn):
 
 
 def traced_host_cases(x):
-    """The ops a compiled FP8 layer calls (infir.fp8.traced), beside what they wrap: where a step is
+    """The ops a compiled FP8 layer calls (infir.fp8.ops), beside what they wrap: where a step is
     host-bound, the gap between the two is the op layer's own cost."""
     import torch.nn.functional as F
 
     from infir.fp8 import quantize
     from infir.fp8.gemm import fp8_gemm, scaled_mm_scale
-    from infir.fp8.traced import fp8_mm
+    from infir.fp8.ops import fp8_mm
 
     @torch.library.custom_op("infir_bench::clone", mutates_args=())
     def clone_op(t: torch.Tensor) -> torch.Tensor:
@@ -144,26 +145,26 @@ def both_host_rows():
     rows = []
     for shape in ((256, 256), (8192, 1536), (8192, 17920)):
         x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
-        cfgs = [("Triton default", kq._TRITON_BOTH)] + ([("CUDA", {"CUDA": True, "LOADS": 4})] if kq.cuda_both_ok(x) else [])
+        cfgs = [("Triton default", autotune.TRITON_BOTH)] + ([("CUDA", {"CUDA": True, "LOADS": 4})] if cuda_lib.cuda_both_ok(x) else [])
         for name, cfg in cfgs:
-            run = kq._token_entry_cfg(x, "ue8m0", "e4m3", True, True, 32, dict(cfg))
+            run = quant_token.token_runner(x, "ue8m0", "e4m3", True, True, 32, dict(cfg))
             rows.append({"shape (bf16)": "x".join(map(str, shape)), "kernel": name,
                          "host us/call": host_us(lambda: run(x)), "kernel us": 1e3 * bench_ms(lambda: run(x))})
     return rows
 
 
 def sweep_variants():
-    """(name, setup) pairs: setup() changes kq's defaults; the cache is cleared after it."""
+    """(name, setup) pairs: setup() changes autotune's defaults; the cache is cleared after it."""
     out = []
 
     def cfg(name, **kw):
         def setup():
-            kq._DEFAULT_CFG[name] = dict(kw)
+            autotune.DEFAULT_CFG[name] = dict(kw)
         return setup
 
-    for c in kq._BOTH_CONFIGS:
+    for c in autotune.BOTH_CONFIGS:
         out.append(("both " + ",".join(f"{k}={v}" for k, v in c.items()), "both", cfg("both", **c)))
-    for c in kq._COLS_CONFIGS:
+    for c in autotune.COLS_CONFIGS:
         out.append(("cols " + ",".join(f"{k}={v}" for k, v in c.items()), "cols", cfg("cols", **c)))
     for w in (2, 4, 8):
         out.append((f"rows num_warps={w}", "rows", cfg("rows", num_warps=w)))
@@ -199,10 +200,14 @@ def same(a, b):
 
 
 def run_sweep(shapes, bw, out, only=None):
+    with policy_override(autotune=False):  # time each configuration as set
+        _run_sweep(shapes, bw, out, only)
+
+
+def _run_sweep(shapes, bw, out, only):
     import copy
 
-    base = copy.deepcopy(kq._DEFAULT_CFG)
-    kq.AUTOTUNE = False  # time each configuration as set
+    base = copy.deepcopy(autotune.DEFAULT_CFG)
     rows = []
     for shape in shapes:
         M, K = map(int, shape.split("x"))
@@ -214,25 +219,15 @@ def run_sweep(shapes, bw, out, only=None):
                "rows": nbytes["token 1x128 (X along K)"], "block": nbytes["block 128x128 (W)"],
                "scalar": nbytes["tensor, given scale (autoscale)"],
                "amax": nbytes["tensor JIT (amax + quantize: 2 reads + 1 write)"]}
-        refs = None
-        kq._DEFAULT_CFG.update(copy.deepcopy(base))
-        for div in (0, None) if only is None else ():  # the quotient algorithm: div_rn everywhere vs the fast ones
-            kq.DIV_OVERRIDE = div
-            kq.clear_launch_cache()
-            for name, fn, nb in cases(x):
-                ms = bench_ms(fn)
-                rows.append({"shape": shape, "variant": f"DIV={'div_rn' if div == 0 else 'fast'} {name}",
-                             "bits == default": "", "ms": ms, "% of copy BW": 100 * nb / ms / 1e6 / bw})
-                print(rows[-1], flush=True)
-        kq.DIV_OVERRIDE = None
-        kq.clear_launch_cache()
+        autotune.DEFAULT_CFG.update(copy.deepcopy(base))
+        autotune.clear_launch_cache()
         refs = {name: fn() for name, fn in calls.items()}
         for label, name, setup in sweep_variants():
             if only is not None and name != only:
                 continue
-            kq._DEFAULT_CFG.update(copy.deepcopy(base))
+            autotune.DEFAULT_CFG.update(copy.deepcopy(base))
             setup()
-            kq.clear_launch_cache()
+            autotune.clear_launch_cache()
             ok = same(calls[name](), refs[name])
             ms = bench_ms(calls[name])
             rows.append({"shape": shape, "variant": label, "bits == default": ok, "ms": ms,
@@ -241,7 +236,7 @@ def run_sweep(shapes, bw, out, only=None):
         two_level = [] if only not in (None, "two_level") else [
             ("triton", bm, bk, nw) for bm, bk, nw in
             [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 512, 4), (4, 1024, 8), (8, 512, 8)]]
-        two_level += [("cuda", 2, 2048, 8)] if two_level and kq.cuda_two_level_ok(x) else []
+        two_level += [("cuda", 2, 2048, 8)] if two_level and cuda_lib.cuda_two_level_ok(x) else []
         for impl, bm, bk, nw in two_level:
             for fold in (False, True):
                 fn = lambda: kn.quantize_two_level_triton(x, fold=fold, block_m=bm, block_k=bk, num_warps=nw, impl=impl)

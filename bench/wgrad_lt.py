@@ -24,7 +24,7 @@ from bench._common import base_parser, bench_ms, emit, markdown_table  # noqa: E
 from bench.linear import projections  # noqa: E402
 from infir.fp8 import fp8_gemm, quantize  # noqa: E402
 from infir.fp8.gemm import outer_dim_major, scaled_mm_blockwise, scaled_mm_scale  # noqa: E402
-from infir.fp8.ops import quantize_operand  # noqa: E402
+from infir.fp8.dispatch import quantize_pair  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMES = {0: "none", 1: "inplace", 2: "compute", 4: "output"}
@@ -78,8 +78,8 @@ def forward_rows(so, tokens, model, proj, k, n, probe_args):
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
     dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-    qx, _ = quantize_operand(x, "token", "ue8m0", "e4m3")
-    qdy, _ = quantize_operand(dy, "token", "ue8m0", "e4m3")
+    qx, _ = quantize_pair(x, "token", "ue8m0", "e4m3")
+    qdy, _ = quantize_pair(dy, "token", "ue8m0", "e4m3")
     rows = []
     for gemm, qa, qb in (("fprop", qx, quantize(w, "block", "ue8m0")), ("dgrad", qdy, quantize(w.t().contiguous(), "block", "ue8m0"))):
         sa, sb = outer_dim_major(qa.scale), scaled_mm_scale(qb)
@@ -122,8 +122,8 @@ def main():
         for model, proj, k, n in projections(a.models.split(",")):
             x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
             dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16) * 1e-3
-            _, qxt = quantize_operand(x, "token", "ue8m0", "e4m3", rows=False, cols=True)     # [K, tokens]
-            _, qdyt = quantize_operand(dy, "token", "ue8m0", "e4m3", rows=False, cols=True)   # [N, tokens]
+            _, qxt = quantize_pair(x, "token", "ue8m0", "e4m3", rows=False, cols=True)     # [K, tokens]
+            _, qdyt = quantize_pair(dy, "token", "ue8m0", "e4m3", rows=False, cols=True)   # [N, tokens]
             sa, sb = outer_dim_major(qdyt.scale), outer_dim_major(qxt.scale)
             flop = 2.0 * tokens * k * n
             mm = lambda dt: scaled_mm_blockwise(qdyt.data, sa, qxt.data, sb, "token", dt)

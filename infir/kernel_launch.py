@@ -8,8 +8,6 @@ infir.optim, whose kernels it launches.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 
@@ -22,8 +20,9 @@ except Exception:  # older Triton: no knobs, no direct launch
 _TRITON_VERSION = tuple(int(v) for v in triton.__version__.split(".")[:2] if v.isdigit())
 # CompiledKernel.run(gx, gy, gz, stream, function, packed_metadata, launch_metadata, enter_hook,
 # exit_hook, *all bound args, constexprs included) is what JITFunction.run calls in Triton 3.6-3.9
-# (read in their sources); elsewhere, and in the interpreter, every launch goes through JITFunction.run.
-DIRECT = os.environ.get("TRITON_INTERPRET") != "1" and _RUNTIME is not None and _TRITON_VERSION >= (3, 6)
+# (read in their sources); elsewhere every launch goes through JITFunction.run, and so does every launch
+# in the interpreter, whose kernels return no compiled kernel to keep.
+DIRECT = _RUNTIME is not None and _TRITON_VERSION >= (3, 6)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 

@@ -5,9 +5,10 @@ Public entry points (the training loop and the eval helpers build against these)
   DEMO_TOKENIZER                         path to the bundled 8192-token byte-level BPE (HF directory)
   resolve_tokenizer("demo" | DIR)        a config's tokenizer entry -> a directory
   build_pretrain_datasets(blend, S, tok) megatron GPTDataset / BlendedDataset (train, valid)
+  infir.data.pretrain.build_phase_datasets  the same for one phase of a mixture
   build_sft_dataset(prefix, S)           packed SFT rows (tokens, labels, loss_mask, position_ids, segment_ids)
   packed_attention_mask(segment_ids)     block-diagonal causal mask for SDPA
-  infir.data.mixture                     load_resolved, phase_schedule, build_phase_datasets
+  infir.data.mixture                     load_resolved, phase_schedule
   infir.data.demo                        arithmetic_problems, EVAL_SEED, ensure_demo_data
 
 The heavy names are imported on first use, so ``from infir.data import DEMO_TOKENIZER`` stays

@@ -22,8 +22,8 @@ Within a phase every source has either ``weight`` or ``tokens``, not a mix. The 
 how many epochs of it the phase reads. Shares are token shares: every megatron sample is
 ``seq_length`` tokens, so a blend weight is the phase's share of tokens.
 
-``phase_schedule`` turns phases into consecutive iteration ranges for a run (``stage=cpt``), and
-``build_phase_datasets`` gives a phase's train/valid datasets through ``build_pretrain_datasets``.
+``phase_schedule`` turns phases into consecutive iteration ranges for a run (``stage=cpt``);
+``infir.data.pretrain.build_phase_datasets`` gives a phase's train/valid datasets.
 """
 from __future__ import annotations
 
@@ -177,16 +177,3 @@ def phase_schedule(phases: list[Phase], seq_length: int, global_batch: int) -> l
         out.append({"name": p.name, "start": start, "end": start + iters, "samples": iters * global_batch})
         start += iters
     return out
-
-
-def build_phase_datasets(phase: Phase, seq_length: int, tokenizer, *, global_batch: int = 1,
-                         valid_samples: int | None = None, valid_blend=None, split: str = "99,1,0",
-                         seed: int = 1234, cache_dir=None):
-    """A phase's ``(train, valid)`` megatron datasets, sized to the phase's tokens."""
-    from infir.data.pretrain import build_pretrain_datasets
-
-    samples = phase_schedule([phase], seq_length, global_batch)[0]["samples"]
-    return build_pretrain_datasets(
-        phase.blend, seq_length, tokenizer, train_samples=samples,
-        valid_samples=valid_samples if valid_samples is not None else max(1, samples // 100),
-        split=split, valid_blend=valid_blend, seed=seed, cache_dir=cache_dir)

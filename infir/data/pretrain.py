@@ -4,7 +4,8 @@
 prefixes, ``[(weight, prefix), ...]`` or megatron's ``([prefixes], [weights])``, and get back
 ``(train, valid)`` datasets whose items are ``{"tokens", "labels", "loss_mask", "position_ids"}``
 (int64 / float32 tensors of length ``seq_length``). Documents are packed back to back, separated by
-EOD, with no attention reset (megatron's default for pretraining).
+EOD, with no attention reset (megatron's default for pretraining). ``build_phase_datasets`` does the
+same for one phase of a mixture (infir.data.mixture), sized to the phase's tokens.
 
 CPU note: megatron's sample-index builder is a C++ extension (``helpers_cpp``); the megatron-core
 wheel ships it prebuilt, so nothing compiles at run time (``tests/data/test_pretrain.py`` imports
@@ -23,6 +24,7 @@ from typing import Sequence, Union
 
 import torch
 
+from infir.data.mixture import Phase, load_resolved, phase_schedule
 from infir.data.tokenizer import MegatronTokenizerAdapter, TextTokenizer, load_tokenizer
 
 Blend = Union[str, Path, Sequence[str], Sequence[tuple[float, str]], tuple[list[str], list[float] | None]]
@@ -157,13 +159,22 @@ class PhasedDataset(torch.utils.data.Dataset):
         return self.datasets[k][idx - (self.ends[k - 1] if k else 0)]
 
 
+def build_phase_datasets(phase: Phase, seq_length: int, tokenizer, *, global_batch: int = 1,
+                         valid_samples: int | None = None, valid_blend=None, split: str = "99,1,0",
+                         seed: int = 1234, cache_dir=None):
+    """A phase's ``(train, valid)`` megatron datasets, sized to the phase's tokens."""
+    samples = phase_schedule([phase], seq_length, global_batch)[0]["samples"]
+    return build_pretrain_datasets(
+        phase.blend, seq_length, tokenizer, train_samples=samples,
+        valid_samples=valid_samples if valid_samples is not None else max(1, samples // 100),
+        split=split, valid_blend=valid_blend, seed=seed, cache_dir=cache_dir)
+
+
 def _build_phased(path: Path, seq_length: int, tok: TextTokenizer, *, train_samples, valid_samples, split,
                   valid_blend, seed, cache_dir):
     """A resolved mixture file (``infir-prep mixture``) -> (PhasedDataset, valid). Without
     ``train_samples`` each phase draws its own tokens; with it, the samples are shared out in
     proportion to the phases' tokens. Validation comes from ``valid_blend`` or phase 1's split."""
-    from infir.data.mixture import load_resolved
-
     phases = load_resolved(path)
     if train_samples is None:
         counts = [max(1, -(-p.tokens // seq_length)) for p in phases]

@@ -13,7 +13,8 @@ dY^T (X^T)^T), which is the only layout Hopper's FP8 tensor cores take. Backends
   (row, tensor) and (row, row) as RowWise: the MOSS operands after fold_two_level().
 - "triton": the exact MOSS two-level GEMM in kernels/gemm_two_level.py (per-32 scales applied to
   the FP32 accumulator in the main loop; slower, kept as the exact twin of the fold).
-- "emulated": dequantize both operands and matmul in float32, any device (the tests' twin).
+- "emulated": dequantize both operands and matmul in float32, any device (gemm_reference.py: the
+  reference of every other backend).
 - "auto": scaled_mm or triton on an sm90 GPU where the shapes fit, emulated elsewhere.
 """
 from __future__ import annotations
@@ -24,16 +25,13 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .quantize import QTensor, dequantize
+from .gemm_reference import emulated_gemm
+from .quantize import QTensor
 
 BACKENDS = ("auto", "scaled_mm", "triton", "emulated")
 _SCALED_MM_PAIRS = {("token", "block"), ("token", "token"), ("tensor", "tensor"), ("row", "tensor"), ("row", "row")}
 # cuBLAS row-wise scaling may only write bf16; found out on first use (None = not tried yet)
 _ROWWISE_FP32_OUT: bool | None = None
-
-
-def emulated_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return (dequantize(a) @ dequantize(b).t()).to(out_dtype)
 
 
 @functools.lru_cache(maxsize=None)

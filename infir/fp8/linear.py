@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .comm import LOCAL, Local, SequenceParallel
-from .ops import fp8_mm, fp8_wgrad_main_grad, gemm_granularity, quantize_pair
+from .ops import fp8_mm, fp8_wgrad_main_grad, gemm_granularity, quantize_operand
 from .recipe import OperandFormat, Recipe, get_recipe
 from .swiglu import (fused_backward_quantize_ok, fused_forward_quantize_ok, swiglu_fp8_backward,
                      swiglu_fp8_backward_quantized, swiglu_fp8_forward, swiglu_fp8_forward_quantized)
@@ -99,7 +99,7 @@ class Fp8LinearFunction(torch.autograd.Function):
         need_wgrad = ctx.needs_input_grad[1]
         gran = gemm_granularity(spec.input.granularity)
         if xq is None:
-            (qx, sx, _), xt = quantize_pair(x, spec.input, cols=need_wgrad)
+            (qx, sx, _), xt = quantize_operand(x, spec.input, cols=need_wgrad)
         else:
             qx, sx, xt = xq, xs, (None if xqt is None else (xqt, xst, gran))
         # X^T's shards stay local until backward
@@ -166,7 +166,7 @@ def _epilogue(ctx, h: torch.Tensor, spec: LinearSpec, saved: dict):
             h, sw.scale_format, sw.fmt, fmt.scale_format, fmt.fmt)
     else:
         y, saved["qh"], saved["sh"] = swiglu_fp8_forward(h, sw.scale_format, sw.fmt)
-        (q, s, _), (qt, st, _) = quantize_pair(y, fmt, cols=True)
+        (q, s, _), (qt, st, _) = quantize_operand(y, fmt, cols=True)
     ctx.mark_non_differentiable(q, s, qt, st)
     # y's gradient arrives here through the anchor; FC2 never reads it, so it is never written
     return h.new_empty((h.shape[0], h.shape[1] // 2)), q, s, qt, st
@@ -178,14 +178,14 @@ def _grad_operands(st: _Saved, saved: dict, dy: torch.Tensor):
     of dh: one fused kernel (no dh in memory) where it applies, else dh, then quantized."""
     fmt, cols = st.spec.grad_output, st.need_wgrad
     if st.spec.swiglu is None:
-        return quantize_pair(dy, fmt, cols)
+        return quantize_operand(dy, fmt, cols)
     qh, sh = saved["qh"], saved["sh"]
     if fmt.granularity == "token" and cols and fused_backward_quantize_ok(qh, dy, st.x_dtype):
         q, s, qt, sct = swiglu_fp8_backward_quantized(qh, sh, dy, fmt.scale_format, fmt.fmt)
         return (q, s, "token"), (qt, sct, "token")
     sw = st.spec.swiglu
     dh = swiglu_fp8_backward(qh, sh, dy, st.x_dtype, sw.scale_format, sw.fmt)
-    return quantize_pair(dh, fmt, cols)
+    return quantize_operand(dh, fmt, cols)
 
 
 def fp8_linear(x, weight: torch.Tensor, wq, bias: torch.Tensor | None, spec: LinearSpec):

@@ -17,37 +17,9 @@ import torch
 from .formats import get_format
 from .gemm import blockwise_dtypes_ok, fp8_gemm, fp8_gemm_accumulate, is_sm90, outer_dim_major, scaled_mm_blockwise
 from .oplib import define_op
-from .quantize import TOKEN_BLOCK, QTensor, fold_two_level, quantize_reference, quantize_tensor_ref, transposed
+from .dispatch import quantize_pair, transpose_q, transposed
+from .quantize import TOKEN_BLOCK, QTensor
 from .recipe import OperandFormat
-
-
-def quantize_operand(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, rows: bool = True,
-                     cols: bool = False):
-    """x2 [M, K] -> (x2 quantized along K as [M, K], x2^T quantized along M as [K, M]); either may be None.
-
-    Two-level operands come back folded (quantize.fold_two_level): the form Hopper's GEMM takes.
-    """
-    if x2.is_cuda:
-        from . import kernels as kn
-
-        if x2.stride(-1) != 1:  # the kernels index rows by stride and walk K contiguously
-            x2 = x2.contiguous()
-        if granularity == "token":
-            return kn.quantize_token_triton(x2, scale_format, fmt, rows=rows, cols=cols)
-        if granularity == "tensor":
-            q, qt = kn.quantize_tensor_triton(x2, scale_format, fmt, transpose=cols)
-            return (q if rows else None), qt
-        q = kn.quantize_two_level_triton(x2, scale_format, fmt, fold=True) if rows else None
-        qt = kn.quantize_two_level_triton(transposed(x2), scale_format, fmt, fold=True) if cols else None
-        return q, qt
-    quant = lambda t: quantize_reference(t, granularity, scale_format, fmt)
-    if granularity == "two_level":
-        quant = lambda t: fold_two_level(quantize_reference(t, granularity, scale_format, fmt))
-    q = quant(x2) if rows else None
-    if not cols:
-        return q, None
-    qt = q.t() if (granularity == "tensor" and q is not None) else quant(x2.t())
-    return q, qt
 
 
 def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
@@ -74,7 +46,7 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
-    return fp8_gemm(qa, qb.t() if b_transposed else qb, out_dtype=out_dtype)
+    return fp8_gemm(qa, transpose_q(qb) if b_transposed else qb, out_dtype=out_dtype)
 
 
 def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed=False, b_mm_scale=None):
@@ -110,7 +82,7 @@ fp8_wgrad_main_grad = define_op(
 
 
 def _quantize_pair(x2: torch.Tensor, granularity: str, scale_format: str, fmt: str, cols: bool):
-    q, qt = quantize_operand(x2, granularity, scale_format, fmt, rows=True, cols=cols)
+    q, qt = quantize_pair(x2, granularity, scale_format, fmt, rows=True, cols=cols)
     # The layouts the fake below promises (the Triton kernels' own; the CPU reference is normalised).
     scale = outer_dim_major(q.scale) if granularity == "token" else q.scale
     if qt is None:  # no wgrad operand wanted: empty placeholders keep the op's schema fixed
@@ -151,27 +123,9 @@ def gemm_granularity(granularity: str) -> str:
     return "row" if granularity == "two_level" else granularity
 
 
-def quantize_pair(x2: torch.Tensor, fmt: OperandFormat, cols: bool):
+def quantize_operand(x2: torch.Tensor, fmt: OperandFormat, cols: bool):
     """(data, scale, granularity) of x2 along K, and of x2^T along M when `cols` (else None), in the
-    operand format `fmt`: one opaque op (Triton or CUDA kernels on a GPU, the reference elsewhere)."""
+    operand format `fmt`: dispatch.quantize_pair as one opaque op (kernels on a GPU, the reference elsewhere)."""
     q, s, qt, st = _quantize_pair_op(x2, fmt.granularity, fmt.scale_format, fmt.fmt, cols)
     gran = gemm_granularity(fmt.granularity)
     return (q, s, gran), ((qt, st, gran) if cols else None)
-
-
-def quantize_weight(w: torch.Tensor, fmt: OperandFormat, scale: torch.Tensor | None = None,
-                    record_amax: torch.Tensor | None = None) -> QTensor:
-    """A weight [N, K] quantized per `fmt` ('block' or 'tensor'; a given per-tensor `scale` is MOSS's
-    predicted one, and `record_amax` receives the true amax on a GPU, which the kernel measures for free)."""
-    if fmt.granularity == "block":
-        if w.is_cuda:
-            from .kernels import quantize_block_triton
-
-            return quantize_block_triton(w, fmt.scale_format, fmt.fmt)
-        return quantize_reference(w, "block", fmt.scale_format, fmt.fmt)
-    if w.is_cuda:
-        from .kernels import quantize_tensor_triton
-
-        q, _ = quantize_tensor_triton(w, fmt.scale_format, fmt.fmt, scale=scale, record_amax=record_amax)
-        return q
-    return quantize_tensor_ref(w, get_format(fmt.fmt), fmt.scale_format, scale=scale)

@@ -10,7 +10,8 @@ Granularities (the unit that shares one scale):
                over the data and the GEMM epilogue a per-row multiply. Level 2 is an E8M0 power of
                two per group of 32: ss_i = 2^ceil(log2(s_i / s)), s_i = amax_i / fmax, s = max_i s_i.
 
-fold_two_level() turns a two-level tensor into the operand Hopper's tensor cores can consume
+dispatch.quantize picks these or the kernels (infir/fp8/kernels/, bit-identical); this module imports
+no kernel. fold_two_level() turns a two-level tensor into the operand Hopper's tensor cores can consume
 (granularity "row": FP8 data Q * ss_i, one FP32 scale per row); see its docstring.
 
 Every quantizer returns a QTensor: `data` in the FP8 dtype with the input's shape, and `scale`
@@ -20,6 +21,7 @@ Scale rules for zero and non-finite units are in formats.py.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -66,12 +68,13 @@ class QTensor:
     def shape(self) -> torch.Size:
         return self.data.shape
 
-    def t(self) -> "QTensor":
+    def t(self, transpose: Callable[[torch.Tensor], torch.Tensor] | None = None) -> "QTensor":
         """The transpose of a 2-D tensor- or block-quantized matrix, with the *same* FP8 values.
 
         A 128x128 block is a 128x128 block of W^T too, so dgrad reuses the weight's quantization
         instead of re-quantizing; only the bytes move, because Hopper's FP8 tensor cores read
-        both operands K-major.
+        both operands K-major. transpose moves them (default transposed_reference;
+        dispatch.transpose_q passes the Triton kernel on CUDA).
         """
         if self.data.dim() != 2 or self.granularity not in ("tensor", "block"):
             raise ValueError(
@@ -80,20 +83,17 @@ class QTensor:
                 "re-quantize the transposed tensor instead"
             )
         scale = self.scale if self.granularity == "tensor" else self.scale.t().contiguous()
-        return replace(self, data=transposed(self.data), scale=scale)
+        return replace(self, data=(transpose or transposed_reference)(self.data), scale=scale)
 
 
-def transposed(x: torch.Tensor) -> torch.Tensor:
-    """x^T [C, R] of a 2-D x [R, C], as a new contiguous tensor. On CUDA a Triton kernel
-    (kernels/transpose.py: torch's transposing copy of FP8 bytes ran far under HBM bandwidth there);
-    elsewhere torch, on a uint8 view for FP8, which is also the kernel's reference."""
-    if x.is_cuda:
-        from .kernels.transpose import transpose_2d
-
-        return transpose_2d(x)
+def transposed_reference(x: torch.Tensor) -> torch.Tensor:
+    """x^T [C, R] of a 2-D x [R, C], as a new contiguous tensor (FP8 through a uint8 view): the twin of
+    kernels/transpose.py, which dispatch.transposed runs on CUDA."""
     if x.element_size() == 1:
         return x.view(torch.uint8).t().contiguous().view(x.dtype)
     return x.t().contiguous()
+
+
 
 
 def _pad_last(x: torch.Tensor, multiple: int, dim: int = -1) -> torch.Tensor:
@@ -117,7 +117,8 @@ def _expand(scale: torch.Tensor, block: int, size: int, dim: int) -> torch.Tenso
     return scale.index_select(dim, idx)
 
 
-def _check_input(x: torch.Tensor, granularity: str) -> None:
+def check_input(x: torch.Tensor, granularity: str) -> None:
+    """Raises for a granularity, dtype or rank that no quantizer takes."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"unknown granularity {granularity!r}; use one of {list(GRANULARITIES)}")
     if not x.is_floating_point():
@@ -191,27 +192,10 @@ _REFERENCE = {
 
 
 def quantize_reference(x: torch.Tensor, granularity: str, scale_format: str = "ue8m0", fmt: str = "e4m3") -> QTensor:
-    _check_input(x, granularity)
+    """quantize() in plain PyTorch: any device, any leading dims (batched blocks too)."""
+    check_input(x, granularity)
     check_scale_format(scale_format)
     return _REFERENCE[granularity](x, get_format(fmt), scale_format)
-
-
-def quantize(x: torch.Tensor, granularity: str, scale_format: str = "ue8m0", fmt: str = "e4m3", impl: str = "auto") -> QTensor:
-    """Quantize x to FP8. impl: "reference" (plain PyTorch), "triton", or "auto" (Triton on CUDA).
-
-    Both implementations give bit-identical results (tests/fp8/test_kernels.py holds them together).
-    """
-    _check_input(x, granularity)
-    check_scale_format(scale_format)
-    if impl == "auto":
-        impl = "triton" if x.is_cuda else "reference"
-    if impl == "reference":
-        return _REFERENCE[granularity](x, get_format(fmt), scale_format)
-    if impl == "triton":
-        from .kernels import quantize_triton
-
-        return quantize_triton(x, granularity, scale_format, fmt)
-    raise ValueError(f"unknown impl {impl!r}; use 'auto', 'reference' or 'triton'")
 
 
 def fold_two_level(q: QTensor) -> QTensor:
@@ -258,7 +242,7 @@ def quantization_snr_db(x: torch.Tensor, q: QTensor) -> float:
 
 
 def quant_stats(x: torch.Tensor, q: QTensor) -> dict:
-    """Health numbers of one quantization, for a training monitor (issue 11).
+    """Health numbers of one quantization, for a training monitor.
 
     amax: max |x|; saturated: fraction of elements at +-fmax after scaling (clipped or at the
     edge); underflow: fraction of non-zero x that quantized to 0; snr_db: MOSS Eq. 4.

@@ -11,35 +11,23 @@ produces, dh, is quantized to FP8 by FC1's backward anyway.
 
 On CUDA (and in Triton's interpreter) two Triton kernels run it (kernels/swiglu.py: one pass over h
 forward, one over the FP8 copy backward), as opaque ops (oplib.py) so that a compiled layer keeps them whole;
-elsewhere, and for ffn sizes not a multiple of 128, the torch reference below. Where FC1 runs in FP8 and
-SwiGLU is fused into it (infir.fp8.traced), the backward goes straight to FC1's FP8 gradient operands
+elsewhere, and for ffn sizes not a multiple of 128, the torch reference (swiglu_reference.py). Where FC1 runs in FP8 and
+SwiGLU is its epilogue (infir.fp8.linear), the backward goes straight to FC1's FP8 gradient operands
 (swiglu_fp8_backward_quantized): dh is never written in bf16; and the forward straight to FC2's FP8
 input operands (swiglu_fp8_forward_quantized): nor is y.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .formats import get_format
 from .oplib import define_op
-from .quantize import TOKEN_BLOCK, QTensor, dequantize, quantize_token_ref
+from .quantize import TOKEN_BLOCK
+from .swiglu_reference import swiglu, swiglu_backward, swiglu_fp8_backward_reference, swiglu_fp8_forward_reference
 
-
-def swiglu(h: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for h = [gate, up] along the last dim (megatron's gated linear unit)."""
-    gate, up = h.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def swiglu_backward(h: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    """dL/dh for y = swiglu(h), in float32: [dy * up * silu'(gate), dy * silu(gate)]."""
-    gate, up = h.float().chunk(2, dim=-1)
-    dy = dy.float()
-    sig = torch.sigmoid(gate)
-    silu = gate * sig
-    dgate = dy * up * sig * (1 + gate * (1 - sig))
-    return torch.cat([dgate, dy * silu], dim=-1)
+__all__ = ["SwiGLUFp8Input", "fused_backward_quantize_ok", "fused_forward_quantize_ok", "swiglu", "swiglu_backward",
+           "swiglu_fp8_backward", "swiglu_fp8_backward_quantized", "swiglu_fp8_forward", "swiglu_fp8_forward_quantized",
+           "swiglu_fp8_input"]
 
 
 def _fwd(h2: torch.Tensor, scale_format: str, fmt: str):
@@ -105,8 +93,7 @@ def swiglu_fp8_forward(h2: torch.Tensor, scale_format: str, fmt: str):
     kernel where it applies, else the reference."""
     if _use_kernels(h2):
         return _fwd_op(h2, scale_format, fmt)
-    q = quantize_token_ref(h2, get_format(fmt), scale_format)
-    return swiglu(h2), q.data, q.scale
+    return swiglu_fp8_forward_reference(h2, scale_format, fmt)
 
 
 def fused_forward_quantize_ok(h2: torch.Tensor) -> bool:
@@ -129,8 +116,7 @@ def swiglu_fp8_backward(data: torch.Tensor, scale: torch.Tensor, dy2: torch.Tens
     """dL/dh [M, 2F] in out_dtype from swiglu_fp8_forward's FP8 copy of h and dy2 [M, F]."""
     if _use_kernels(data):
         return _bwd_op(data, scale, dy2, out_dtype)
-    h = dequantize(QTensor(data, scale, "token", scale_format, fmt))
-    return swiglu_backward(h, dy2).to(out_dtype)
+    return swiglu_fp8_backward_reference(data, scale, dy2, out_dtype, scale_format, fmt)
 
 
 def fused_backward_quantize_ok(data: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> bool:

@@ -6,9 +6,13 @@ import torch
 from .autoscale import AutoScaler
 from .formats import amax_with_nan_as_inf
 from .gemm import scaled_mm_scale
-from .ops import quantize_weight
+from .dispatch import quantize_weight
 from .quantize import QTensor
 from .recipe import Recipe
+
+
+def _fields(fmt) -> tuple[str, str, str]:
+    return fmt.granularity, fmt.scale_format, fmt.fmt
 
 
 def tensors_of(q: QTensor) -> list:
@@ -71,7 +75,7 @@ class WeightCache:
         if recipe.autoscale_weights:
             q = self._autoscaled(w, recipe)
         else:
-            q = quantize_weight(w, recipe.weight)
+            q = quantize_weight(w, *_fields(recipe.weight))
         if q.granularity == "block":
             # fprop's and dgrad's scale layouts, made here (eager, once a step) so that a
             # compiled layer gets them as inputs instead of rebuilding them every micro-batch
@@ -86,7 +90,7 @@ class WeightCache:
             self.autoscaler = AutoScaler(recipe.weight.fmt, recipe.resync_interval, self.name)
         scale = self.autoscaler.scale(w)
         seen = torch.zeros((), dtype=torch.float32, device=w.device) if w.is_cuda else None
-        q = quantize_weight(w, recipe.weight, scale=scale, record_amax=seen)
+        q = quantize_weight(w, *_fields(recipe.weight), scale=scale, record_amax=seen)
         self.autoscaler.observe(seen if w.is_cuda else amax_with_nan_as_inf(w))
         return q
 

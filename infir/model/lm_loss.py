@@ -26,6 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from infir.fp8.lm_loss_reference import chunk_grad_torch, chunk_stats_torch
+
 DEFAULT_CHUNK_TOKENS = 8192
 
 
@@ -44,101 +46,14 @@ def lm_loss_reference(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.
     return LMLoss(loss, per_token.detach(), loss_weight.float().sum())
 
 
-# --------------------------------------------------------------------------- per-chunk math
-def chunk_stats_torch(logits: torch.Tensor, target: torch.Tensor):
-    """Row max m, sum of exp(z - m), and the target logit (0 where the target is not on this shard)."""
-    z = logits.float()
-    m = z.amax(dim=-1)
-    s = torch.exp(z - m[:, None]).sum(dim=-1)
-    owned = (target >= 0) & (target < z.shape[1])
-    tgt = z.gather(1, target.clamp(0, z.shape[1] - 1)[:, None]).squeeze(1) * owned
-    return m, s, tgt
-
-
-def chunk_grad_torch(logits: torch.Tensor, target: torch.Tensor, m: torch.Tensor, s: torch.Tensor, w: torch.Tensor) -> None:
-    """In place: logits <- w * (softmax(logits) - onehot(target)), the softmax from the global m, s."""
-    g = torch.exp(logits.float() - m[:, None]).div_(s[:, None])
-    owned = (target >= 0) & (target < g.shape[1])
-    rows = owned.nonzero().squeeze(1)
-    g[rows, target[rows]] -= 1.0
-    logits.copy_(g.mul_(w[:, None]))
-
-
-# --------------------------------------------------------------------------- per-chunk math, Triton
-# The same two steps as the PyTorch pair above, reading the chunk's logits in their own dtype:
-# an online max / sum-exp pass (one read), then the gradient written in place (one read, one write),
-# instead of PyTorch's FP32 copy and its several passes. The kernels are built on first use, so that
-# TRITON_INTERPRET=1 set by a test before that use runs them on the CPU.
-_TRITON_BLOCK = 4096
-_kernels_cache: dict = {}
-
-
-def _kernels():
-    if "stats" in _kernels_cache:
-        return _kernels_cache["stats"], _kernels_cache["grad"]
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def stats_kernel(z_ptr, stride, target_ptr, m_ptr, s_ptr, tgt_ptr, V, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        base = z_ptr + row * stride
-        # Per-lane running max and sum; a finite start value keeps exp(m_old - m_new) free of inf - inf.
-        m_vec = tl.full([BLOCK], -1e30, tl.float32)
-        s_vec = tl.zeros([BLOCK], tl.float32)
-        for off in range(0, V, BLOCK):
-            cols = off + tl.arange(0, BLOCK)
-            z = tl.load(base + cols, mask=cols < V, other=float("-inf")).to(tl.float32)
-            m_new = tl.maximum(m_vec, z)
-            s_vec = s_vec * tl.exp(m_vec - m_new) + tl.exp(z - m_new)
-            m_vec = m_new
-        m = tl.max(m_vec, 0)
-        s = tl.sum(s_vec * tl.exp(m_vec - m), 0)
-        t = tl.load(target_ptr + row)
-        owned = (t >= 0) & (t < V)
-        z_t = tl.load(base + tl.where(owned, t, 0)).to(tl.float32)
-        tl.store(m_ptr + row, m)
-        tl.store(s_ptr + row, s)
-        tl.store(tgt_ptr + row, tl.where(owned, z_t, 0.0))
-
-    @triton.jit
-    def grad_kernel(z_ptr, stride, target_ptr, m_ptr, s_ptr, w_ptr, V, BLOCK: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        ptrs = z_ptr + row * stride + cols
-        z = tl.load(ptrs, mask=cols < V, other=0.0).to(tl.float32)
-        p = tl.exp(z - tl.load(m_ptr + row)) / tl.load(s_ptr + row)
-        g = tl.where(cols == tl.load(target_ptr + row), p - 1.0, p) * tl.load(w_ptr + row)
-        tl.store(ptrs, g.to(z_ptr.dtype.element_ty), mask=cols < V)
-
-    _kernels_cache.update(stats=stats_kernel, grad=grad_kernel)
-    return stats_kernel, grad_kernel
-
-
-def chunk_stats_triton(logits: torch.Tensor, target: torch.Tensor):
-    stats_kernel, _ = _kernels()
-    n, v = logits.shape
-    m, s, tgt = (torch.empty(n, dtype=torch.float32, device=logits.device) for _ in range(3))
-    stats_kernel[(n,)](logits, logits.stride(0), target.contiguous(), m, s, tgt, v, BLOCK=_TRITON_BLOCK, num_warps=8)
-    return m, s, tgt
-
-
-def chunk_grad_triton(logits: torch.Tensor, target: torch.Tensor, m: torch.Tensor, s: torch.Tensor, w: torch.Tensor) -> None:
-    _, grad_kernel = _kernels()
-    n, v = logits.shape
-    grad_kernel[(n, triton_cdiv(v, _TRITON_BLOCK))](
-        logits, logits.stride(0), target.contiguous(), m.contiguous(), s.contiguous(), w.contiguous(), v, BLOCK=_TRITON_BLOCK, num_warps=8
-    )
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _chunk_ops(logits: torch.Tensor, use_triton: bool | None):
+    """The per-chunk pair: the Triton kernels (infir/fp8/kernels/lm_loss.py, imported on first use so
+    that a test choosing Triton's interpreter first runs them on the CPU) or their PyTorch twins."""
     if use_triton is None:
         use_triton = logits.is_cuda
     if use_triton:
+        from infir.fp8.kernels.lm_loss import chunk_grad_triton, chunk_stats_triton
+
         return chunk_stats_triton, chunk_grad_triton
     return chunk_stats_torch, chunk_grad_torch
 

@@ -66,19 +66,14 @@ class PerParamOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        todo = [(p, group) for group in self.param_groups for p in group["params"]
-                if p not in self._stepped_in_backward]
-        self._step_many(todo)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p not in self._stepped_in_backward:
+                    self.step_param(p, group)
         self._stepped_in_backward.clear()
         if self._offloader is not None:
             self._offloader.finish()
         return loss
-
-    def _step_many(self, todo: list) -> None:
-        """Step every (param, group) of ``todo``; a subclass may batch them into fewer launches
-        (FlashAdamW does), as long as the result is the one of ``step_param`` in order."""
-        for p, group in todo:
-            self.step_param(p, group)
 
     def _begin(self, p: torch.Tensor, group: dict):
         """Bookkeeping of one param's step: (grad, state tensors, scalars, seed), or None when

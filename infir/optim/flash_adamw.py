@@ -91,37 +91,6 @@ class FlashAdamW(PerParamOptimizer):
             state["correction"] = torch.zeros_like(p, dtype=torch.int8)
         return state
 
-    def _step_many(self, todo: list) -> None:
-        """``step()``'s path: on the fused path, params sharing (param dtype, grad dtype, state
-        layout, step scalars) are stepped by one multi-tensor launch."""
-        from infir.optim import flash_adamw_triton as fat
-        if self._offloader is not None or not fat.MULTI_TENSOR:
-            return super()._step_many(todo)
-        from infir.optim.flash_adamw_triton import _TRITON_DTYPES
-        buckets: dict = {}
-        for p, group in todo:
-            begun = self._begin(p, group)
-            if begun is None:
-                continue
-            grad, tensors, s, seed = begun
-            fused = _use_triton(p) if self.fused is None else self.fused
-            if not fused or grad.dtype not in _TRITON_DTYPES or p.device != grad.device:
-                self._update(p, grad, tensors, group, s, seed)
-                continue
-            key = (p.device, p.dtype, grad.dtype, "correction" in tensors, s)
-            bucket = buckets.setdefault(key, ([], [], []))
-            bucket[0].append(p)
-            bucket[1].append(grad)
-            bucket[2].append(tensors)
-        if not buckets:
-            return
-        from infir.optim.flash_adamw_triton import flash_adamw_multi_
-        plans = self.__dict__.setdefault("_plans", {})
-        for key, (params, grads, states) in buckets.items():
-            s = key[-1]
-            plan_key = key[:-1]
-            plans[plan_key] = flash_adamw_multi_(params, grads, states, s, plans.get(plan_key))
-
     def _update(self, p: torch.Tensor, grad: torch.Tensor, state: dict, group: dict,
                 s: AdamScalars, seed: int) -> None:
         fused = _use_triton(p) if self.fused is None else self.fused

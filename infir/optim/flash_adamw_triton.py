@@ -16,11 +16,10 @@ kernel keeps the arithmetic per element small:
   that can change a result here; zeros, infinities and NaN take q = a*y, which has the sign
   and class of a/b). Three instructions instead of an IEEE division per element.
 
-Launches: one parameter per launch (``flash_adamw_triton_``, the default, also used inside
-backward hooks) or all parameters of a step in one launch (``flash_adamw_multi_``, with
-``MULTI_TENSOR = True``): a table of per-tensor pointers and a block -> (tensor, block) map drive
-a single grid. Measured on an H100 (BENCHMARKS.md, section K), the multi-tensor kernel is not
-faster than the per-tensor ones: the kernel time, not the launch count, dominates there.
+Launches: one per parameter (``flash_adamw_triton_``, from step() and inside backward hooks), through
+a cached direct launcher (infir.kernel_launch). One launch over all parameters of a step (a pointer
+table driving one grid) was tried and was not faster on an H100: the kernel time, not the launch
+count, dominates the step.
 """
 import functools
 
@@ -28,7 +27,6 @@ import numpy as np
 import torch
 import triton
 import triton.language as tl
-from triton.compiler.errors import CompilationError
 
 from infir.kernel_launch import Launch, grid1d
 from infir.optim.adam_math import AdamScalars
@@ -42,10 +40,6 @@ from infir.optim.weight_split import correction_unit
 ROWS = 16
 NUM_WARPS = 2
 FAST_DIV = True
-# one launch per tensor by default: measured on an H100 (BENCHMARKS.md, section K) the
-# multi-tensor launch was slower, not faster: the step is GPU-bound, not launch-bound
-MULTI_TENSOR = False
-META_COLS = 8  # per tensor: param, grad, correction, m codes, m scales, v codes, v scales, numel
 
 _tables: dict[torch.device, torch.Tensor] = {}
 
@@ -82,14 +76,10 @@ def _div(a, b, inv_b, FAST_DIV: tl.constexpr):
 def _step_tile(p_ptr, g_ptr, corr_ptr, mq_ptr, ms_ptr, vq_ptr, vs_ptr, table_ptr, n, rows,
                lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay,
                bias_correction1, bias_correction2, inv_bias_correction1, inv_bias_correction2,
-               HAS_CORRECTION: tl.constexpr, GROUP: tl.constexpr, FAST_DIV: tl.constexpr,
-               EVEN: tl.constexpr = False):
+               HAS_CORRECTION: tl.constexpr, GROUP: tl.constexpr, FAST_DIV: tl.constexpr):
     offs = rows[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     rmask = rows < (n + GROUP - 1) // GROUP
-    if EVEN:  # n % GROUP == 0: a row mask, constant along rows, keeps loads vectorised
-        mask = rmask[:, None] & (tl.arange(0, GROUP) < GROUP)[None, :]
-    else:
-        mask = offs < n
+    mask = offs < n
 
     # decode: master weight (Algorithm 1), momentum (softsign, Alg. 2), variance (sqrt, Alg. 3)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -127,6 +117,12 @@ def _step_tile(p_ptr, g_ptr, corr_ptr, mq_ptr, ms_ptr, vq_ptr, vs_ptr, table_ptr
     else:
         tl.store(p_ptr + offs, master, mask=mask)
 
+    _store_states(m, v, mq_ptr, ms_ptr, vq_ptr, vs_ptr, offs, rows, mask, rmask, FAST_DIV)
+
+
+@triton.jit
+def _store_states(m, v, mq_ptr, ms_ptr, vq_ptr, vs_ptr, offs, rows, mask, rmask, FAST_DIV: tl.constexpr):
+    """Encode the new momentum (softsign companding) and variance (sqrt companding), one scale per row."""
     m_absmax = tl.maximum(tl.max(tl.abs(m), axis=1), 1e-12)
     if FAST_DIV:
         m_inv = tl.div_rn(1.0, m_absmax)  # one division per group, not per element
@@ -160,39 +156,6 @@ def _flash_adamw_kernel(p_ptr, g_ptr, corr_ptr, mq_ptr, ms_ptr, vq_ptr, vs_ptr, 
                lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay,
                bias_correction1, bias_correction2, inv_bias_correction1, inv_bias_correction2,
                HAS_CORRECTION=HAS_CORRECTION, GROUP=GROUP, FAST_DIV=FAST_DIV)
-
-
-@triton.jit
-def _flash_adamw_multi_kernel(meta_ptr, block_ptr, table_ptr,
-                              lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay,
-                              bias_correction1, bias_correction2, inv_bias_correction1,
-                              inv_bias_correction2, P_DTYPE: tl.constexpr, G_DTYPE: tl.constexpr,
-                              HAS_CORRECTION: tl.constexpr, ROWS: tl.constexpr,
-                              GROUP: tl.constexpr, FAST_DIV: tl.constexpr, ALIGNED: tl.constexpr,
-                              EVEN: tl.constexpr):
-    # block_ptr[pid] = tensor index << 32 | block index inside that tensor
-    info = tl.load(block_ptr + tl.program_id(0))
-    t = info >> 32
-    rows = (info - (t << 32)) * ROWS + tl.arange(0, ROWS)
-    base = meta_ptr + t * 8
-    p_ptr = tl.load(base).to(tl.pointer_type(P_DTYPE))
-    g_ptr = tl.load(base + 1).to(tl.pointer_type(G_DTYPE))
-    corr_ptr = tl.load(base + 2).to(tl.pointer_type(tl.int8))
-    mq_ptr = tl.load(base + 3).to(tl.pointer_type(tl.int8))
-    ms_ptr = tl.load(base + 4).to(tl.pointer_type(tl.float16))
-    vq_ptr = tl.load(base + 5).to(tl.pointer_type(tl.uint8))
-    vs_ptr = tl.load(base + 6).to(tl.pointer_type(tl.float16))
-    n = tl.load(base + 7)
-    if ALIGNED:  # the host checked: every pointer is 16-byte aligned, so loads can be vectors
-        p_ptr = tl.multiple_of(p_ptr, 16)
-        g_ptr = tl.multiple_of(g_ptr, 16)
-        corr_ptr = tl.multiple_of(corr_ptr, 16)
-        mq_ptr = tl.multiple_of(mq_ptr, 16)
-        vq_ptr = tl.multiple_of(vq_ptr, 16)
-    _step_tile(p_ptr, g_ptr, corr_ptr, mq_ptr, ms_ptr, vq_ptr, vs_ptr, table_ptr, n, rows,
-               lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay,
-               bias_correction1, bias_correction2, inv_bias_correction1, inv_bias_correction2,
-               HAS_CORRECTION=HAS_CORRECTION, GROUP=GROUP, FAST_DIV=FAST_DIV, EVEN=EVEN)
 
 
 def _check_contiguous(tensors) -> None:
@@ -240,92 +203,3 @@ def flash_adamw_triton_(param: torch.Tensor, grad: torch.Tensor, correction, m_c
 # One launcher per parameter shape and configuration, to cut the host time that made step() slower
 # than its kernels run back to back (BENCHMARKS.md, optimizers, section A).
 _LAUNCHES: dict = {}
-
-
-_ALIGN_HINT_WORKS = True
-_TRITON_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32,
-                  torch.float16: tl.float16}
-
-
-class MultiTensorPlan:
-    """Device tables of one multi-tensor launch: the block map depends only on the tensors'
-    sizes and is kept; the pointer table is rebuilt only when an address changes (a gradient
-    freed and reallocated elsewhere, say)."""
-
-    def __init__(self, numels: list[int], rows: int, device):
-        blocks = [triton.cdiv(num_groups(n), rows) for n in numels]
-        self.rows, self.numels, self.n_blocks = rows, list(numels), sum(blocks)
-        counts = torch.tensor(blocks, dtype=torch.int64)
-        first = torch.cumsum(counts, 0) - counts
-        tensor_of = torch.repeat_interleave(torch.arange(len(blocks), dtype=torch.int64), counts)
-        within = torch.arange(self.n_blocks, dtype=torch.int64) - first[tensor_of]
-        self.blocks = ((tensor_of << 32) | within).to(device)
-        self._pointers: tuple = ()
-        self.meta = None
-        self.device = device
-
-    def meta_for(self, pointers: tuple) -> torch.Tensor:
-        if pointers != self._pointers:
-            rows = [list(ptrs) + [n] for ptrs, n in zip(pointers, self.numels)]
-            host = torch.tensor(rows, dtype=torch.int64)
-            if torch.device(self.device).type == "cuda":
-                # pinned + non_blocking: no stream sync; the caching host allocator keeps the
-                # staging block until the copy has run
-                host = host.pin_memory()
-            self.meta = host.to(self.device, non_blocking=True)
-            self._pointers = pointers
-        return self.meta
-
-
-def flash_adamw_multi_(params: list, grads: list, states: list[dict], s: AdamScalars,
-                       plan: MultiTensorPlan = None, *, rows: int = None, num_warps: int = None,
-                       fast_div: bool = None) -> MultiTensorPlan:
-    """One launch stepping every (param, grad, state) triple; all params share a dtype, all
-    grads a dtype, and all states (not) have a correction. Returns the plan to pass next time
-    with the same tensors (it caches the device tables)."""
-    if not params:
-        return plan
-    pdt, gdt = params[0].dtype, grads[0].dtype
-    has_corr = states[0].get("correction") is not None
-    pointers, aligned = [], True
-    for p, g, st in zip(params, grads, states):
-        if p.dtype != pdt or g.dtype != gdt or (st.get("correction") is not None) != has_corr:
-            raise ValueError("one multi-tensor launch needs one param dtype, one grad dtype and "
-                             "the same state layout for every tensor")
-        if g.shape != p.shape:
-            raise ValueError(f"gradient of shape {tuple(g.shape)} for a param of shape "
-                             f"{tuple(p.shape)}")
-        corr = st.get("correction")
-        ptrs = (p.data_ptr(), g.data_ptr(), corr.data_ptr() if has_corr else 0,
-                st["m_codes"].data_ptr(), st["m_scales"].data_ptr(), st["v_codes"].data_ptr(),
-                st["v_scales"].data_ptr())
-        aligned = aligned and all(x % 16 == 0 for x in ptrs)
-        pointers.append(ptrs)
-    rows = rows or ROWS
-    numels = [p.numel() for p in params]
-    if plan is None or plan.rows != rows or plan.numels != numels:
-        _check_contiguous([t for p, g, st in zip(params, grads, states)
-                           for t in (p, g, st.get("correction"), st["m_codes"], st["v_codes"])])
-        for n, st in zip(numels, states):
-            if st["m_scales"].numel() != num_groups(n) or st["v_scales"].numel() != num_groups(n):
-                raise ValueError(f"{n} elements need {num_groups(n)} scales per state")
-        plan = MultiTensorPlan(numels, rows, params[0].device)
-    else:
-        _check_contiguous(grads)
-    if plan.n_blocks == 0:
-        return plan
-    meta = plan.meta_for(tuple(pointers))
-    kw = dict(P_DTYPE=_TRITON_DTYPES[pdt], G_DTYPE=_TRITON_DTYPES[gdt], HAS_CORRECTION=has_corr,
-              ROWS=rows, GROUP=GROUP, FAST_DIV=FAST_DIV if fast_div is None else fast_div,
-              num_warps=num_warps or NUM_WARPS, enable_fp_fusion=False,
-              EVEN=all(n % GROUP == 0 for n in numels))
-    args = (meta, plan.blocks, decode_tables(params[0].device), *_scalar_args(s))
-    global _ALIGN_HINT_WORKS
-    if aligned and _ALIGN_HINT_WORKS:
-        try:
-            _flash_adamw_multi_kernel[(plan.n_blocks,)](*args, ALIGNED=True, **kw)
-            return plan
-        except CompilationError:  # an alignment hint this Triton cannot compile: go without
-            _ALIGN_HINT_WORKS = False
-    _flash_adamw_multi_kernel[(plan.n_blocks,)](*args, ALIGNED=False, **kw)
-    return plan

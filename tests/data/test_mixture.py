@@ -9,7 +9,8 @@ import yaml
 from infir.data import DEMO_TOKENIZER
 from infir.data.arithmetic import arithmetic_problems, as_text
 from infir.data.cli import main as prep_main
-from infir.data.mixture import MixtureError, build_phase_datasets, load_resolved, load_spec, phase_schedule
+from infir.data.mixture import MixtureError, load_resolved, load_spec, phase_schedule
+from infir.data.pretrain import build_phase_datasets
 from infir.data.shakespeare import shakespeare_documents
 from infir.data.tokenize_corpus import tokenize_to_indexed
 

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
+from infir.fp8.dispatch import quantize_pair
 from infir.fp8.gemm import fp8_gemm, fp8_gemm_accumulate, outer_dim_major, scaled_mm_blockwise
-from infir.fp8.ops import quantize_operand
 
 pytestmark = pytest.mark.gpu
 
@@ -16,8 +16,8 @@ def _operands(tokens, k, n, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(tokens, k, device="cuda", generator=g).to(torch.bfloat16)
     dy = (torch.randn(tokens, n, device="cuda", generator=g) * 1e-3).to(torch.bfloat16)
-    _, qxt = quantize_operand(x, "token", "ue8m0", "e4m3", rows=False, cols=True)
-    _, qdyt = quantize_operand(dy, "token", "ue8m0", "e4m3", rows=False, cols=True)
+    _, qxt = quantize_pair(x, "token", "ue8m0", "e4m3", rows=False, cols=True)
+    _, qdyt = quantize_pair(dy, "token", "ue8m0", "e4m3", rows=False, cols=True)
     return qdyt, qxt
 
 

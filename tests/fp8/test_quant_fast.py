@@ -1,5 +1,6 @@
-"""The fast paths of kernels/quant.py: quotient algorithms equal to IEEE division bit for bit,
-tiny/huge scales that take the guarded fallback, and the cached direct launches.
+"""The fast paths of the quantization kernels: quotient algorithms (kernels/triton_fp8.py) equal to
+IEEE division bit for bit, tiny/huge scales that take the guarded fallback, and the cached direct
+launches.
 
 The quotient check runs in Triton's interpreter too, but only where its fma rounds once (older
 interpreters multiply and add in two roundings, and the kernels then use div_rn instead).
@@ -11,7 +12,7 @@ import triton
 import triton.language as tl
 
 from infir.fp8 import kernels as kn
-from infir.fp8.kernels import quant as kq
+from infir.fp8.kernels.triton_fp8 import quot, recip
 from infir.fp8.quantize import quantize_reference
 from qcheck import assert_same_q, rand
 
@@ -28,7 +29,7 @@ def _quot_test_kernel(a_ptr, b_ptr, out_ptr, N, DIV: tl.constexpr, BLOCK: tl.con
     m = offs < N
     a = tl.load(a_ptr + offs, mask=m, other=1.0)
     b = tl.load(b_ptr + offs, mask=m, other=1.0)
-    tl.store(out_ptr + offs, kq._quot(a, b, kq._recip(b), DIV), mask=m)
+    tl.store(out_ptr + offs, quot(a, b, recip(b), DIV), mask=m)
 
 
 @triton.jit

@@ -47,40 +47,6 @@ def test_flash_kernel_matches_twin_bitwise_on_gpu(dtype, n):
                 assert torch.equal(_bits(v), _bits(fused[k])), f"{k}, step {step}"
 
 
-def test_flash_multi_tensor_kernel_matches_twin_bitwise_on_gpu():
-    """One launch over assorted sizes (bf16 params, bf16 and fp32 grads in two launches) gives
-    every tensor its twin's bits; both division modes."""
-    from infir.optim.flash_adamw_triton import flash_adamw_multi_
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    sizes = [(1 << 20) + 3, 4099, 7, 0, 1536, 2 * 8960 * 1536]
-    for gdt in (torch.bfloat16, torch.float32):
-        for fast_div in (True, False):
-            params = [torch.randn(n, generator=gen, device="cuda").bfloat16() for n in sizes]
-            refp = [p.clone() for p in params]
-            states = []
-            for n in sizes:
-                g = companding.num_groups(n)
-                states.append(dict(correction=torch.zeros(n, dtype=torch.int8, device="cuda"),
-                                   m_codes=torch.zeros(n, dtype=torch.int8, device="cuda"),
-                                   m_scales=torch.zeros(g, dtype=torch.float16, device="cuda"),
-                                   v_codes=torch.zeros(n, dtype=torch.uint8, device="cuda"),
-                                   v_scales=torch.zeros(g, dtype=torch.float16, device="cuda")))
-            refs = [{k: v.clone() for k, v in st.items()} for st in states]
-            plan = None
-            for step in range(1, 4):
-                s = AdamScalars.of(1e-3, 0.9, 0.95, 1e-8, 0.1, step)
-                grads = [_grad(n, gen).to(gdt) for n in sizes]
-                plan = flash_adamw_multi_(params, grads, states, s, plan, fast_div=fast_div)
-                for i, g in enumerate(grads):
-                    out = flash_adamw_reference(refp[i], g, *refs[i].values(), s)
-                    refp[i] = out.pop("param")
-                    refs[i] = out
-                for p, q, st, rt in zip(params, refp, states, refs):
-                    assert torch.equal(_bits(p), _bits(q)), (gdt, fast_div, step)
-                    for k in rt:
-                        assert torch.equal(_bits(st[k]), _bits(rt[k])), (k, gdt, fast_div, step)
-
-
 @pytest.mark.parametrize("seed", [3, None])
 def test_sr_kernel_matches_twin_bitwise_on_gpu(seed):
     from infir.optim.sr_adamw_triton import sr_adamw_triton_, sr_noise_triton

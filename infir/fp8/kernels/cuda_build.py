@@ -9,7 +9,7 @@ $INFIR_KERNEL_CACHE (default ~/.cache/infir/kernels), written to a temporary nam
 so ranks that build at once do not read each other's half-written files. Where nvcc is missing,
 the build fails or the GPU is older than sm_89 (no FP8 conversion instructions), `load` returns
 None and callers keep their fallback (the Triton kernels; torch's scaled_mm for lt_wgrad.cu);
-INFIR_CUDA_KERNELS=0 makes that the choice.
+INFIR_CUDA_KERNELS=0 (policy.cuda_kernels) makes that the choice.
 """
 from __future__ import annotations
 
@@ -26,12 +26,14 @@ from pathlib import Path
 
 import torch
 
+from ..policy import kernel_policy
+
 log = logging.getLogger(__name__)
-_HERE = Path(__file__).resolve().parent
+SOURCE_DIR = Path(__file__).resolve().parent
 _LOADED: dict = {}
 
 
-def _nvcc() -> str | None:
+def find_nvcc() -> str | None:
     """$CUDA_HOME/bin/nvcc (or $CUDA_PATH's), else nvcc on PATH, else /usr/local/cuda's; None if none exists."""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     for cand in ([Path(home, "bin", "nvcc")] if home else []) + [shutil.which("nvcc"), Path("/usr/local/cuda/bin/nvcc")]:
@@ -40,7 +42,7 @@ def _nvcc() -> str | None:
     return None
 
 
-def _arch(device: torch.device) -> str:
+def gpu_arch(device: torch.device) -> str:
     major, minor = torch.cuda.get_device_capability(device)
     # sm_90a: Hopper's arch-specific target (the generic sm_90 lacks nothing this code uses, but
     # cuBLAS and Triton build for 90a too)
@@ -68,7 +70,7 @@ def cublaslt_flags() -> list[str]:
     return [f"-I{inc}", f"-L{lib.parent}", f"-l:{lib.name}", f"-Xlinker=-rpath,{lib.parent}"]
 
 
-def _build(source: Path, arch: str, nvcc: str, extra: tuple | list = ()) -> Path:
+def build(source: Path, arch: str, nvcc: str, extra: tuple | list = ()) -> Path:
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.cuh")))  # what the .cu may include
     key = hashlib.sha256(source.read_bytes() + headers + arch.encode() + version.encode()
@@ -92,20 +94,20 @@ def _build(source: Path, arch: str, nvcc: str, extra: tuple | list = ()) -> Path
 def load(name: str, device: torch.device, cublaslt: bool = False) -> ctypes.CDLL | None:
     """The library built from kernels/<name>.cu for `device`'s architecture, or None (see module doc).
     cublaslt: the source calls cuBLASLt (built against torch's copy, see cublaslt_flags)."""
-    if os.environ.get("INFIR_CUDA_KERNELS", "1") == "0":
+    if not kernel_policy().cuda_kernels:
         return None
     key = (name, torch.cuda.get_device_capability(device))
     if key in _LOADED:
         return _LOADED[key]
     lib = None
     if key[1] >= (8, 9):
-        nvcc = _nvcc()
+        nvcc = find_nvcc()
         if nvcc is None:
             log.info("infir: nvcc not found; %s.cu's fallback (Triton kernels, or torch's scaled_mm) stands in", name)
         else:
             try:
                 extra = cublaslt_flags() if cublaslt else []
-                lib = ctypes.CDLL(str(_build(_HERE / f"{name}.cu", _arch(device), nvcc, extra)))
+                lib = ctypes.CDLL(str(build(SOURCE_DIR / f"{name}.cu", gpu_arch(device), nvcc, extra)))
             except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                 log.warning("infir: could not build %s.cu, using the Triton kernels instead (torch's scaled_mm for "
                             "lt_wgrad.cu; same bits, slower): %s. "

@@ -1,5 +1,5 @@
 // Device helpers shared by infir's CUDA quantizers, each equal bit for bit to its twin in
-// kernels/quant.py (Triton) and formats.py (the reference).
+// kernels/triton_fp8.py (Triton) and formats.py (the reference).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>

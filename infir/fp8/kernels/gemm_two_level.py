@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .quant import _check_device, _exp2i
+from .triton_fp8 import check_device, exp2i
 
 
 @triton.jit
@@ -51,10 +51,10 @@ def _two_level_gemm_kernel(
             g = k0 // 32 + j
             g_ok = (tl.zeros_like(rm) + g) < n_groups
             ca = tl.load(a_code_ptr + rm.to(tl.int64) * n_groups + g, mask=m_ok & g_ok, other=127).to(tl.int32)
-            f = _exp2i(ca - 127)[:, None]
+            f = exp2i(ca - 127)[:, None]
             if B_TWO_LEVEL:
                 cb = tl.load(b_code_ptr + rn.to(tl.int64) * n_groups + g, mask=n_ok & ((tl.zeros_like(rn) + g) < n_groups), other=127).to(tl.int32)
-                f = f * _exp2i(cb - 127)[None, :]
+                f = f * exp2i(cb - 127)[None, :]
             acc += part * f
     ga = tl.load(a_g_ptr + rm, mask=m_ok, other=1.0)
     if B_TWO_LEVEL:
@@ -69,7 +69,7 @@ def _two_level_gemm_kernel(
 def two_level_gemm_triton(a, b, out_dtype=torch.bfloat16, block_m=128, block_n=128, block_k=128,
                           group_m=8, num_warps=8, num_stages=3) -> torch.Tensor:
     """a: two_level QTensor [M, K]; b: two_level or tensor QTensor [N, K]. Returns [M, N]."""
-    _check_device(a.data)
+    check_device(a.data)
     if a.granularity != "two_level" or b.granularity not in ("two_level", "tensor"):
         raise ValueError(f"two-level GEMM takes (two_level, two_level|tensor) operands, got "
                          f"({a.granularity}, {b.granularity})")

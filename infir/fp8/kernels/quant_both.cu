@@ -1,5 +1,5 @@
 // X along K (1x128 scales) and X^T along M (128x1 scales, written transposed) from one read of X:
-// the both-layouts token quantizer of kernels/quant.py, in CUDA C++.
+// the both-layouts token quantizer of kernels/quant_token.py, in CUDA C++.
 //
 // Why CUDA here, where the single-layout quantizers stay in Triton: this kernel needs each 128x128
 // bf16 tile reduced along both axes and written out in both orientations. Triton keeps the tile in

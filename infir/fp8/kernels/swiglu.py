@@ -1,15 +1,17 @@
 """Triton kernels of infir.fp8.swiglu: SwiGLU forward that also writes its input in FP8, and the
-backward from that FP8 copy. Twins of swiglu.swiglu / quantize_token_ref / swiglu.swiglu_backward.
+backward from that FP8 copy; and both fused with the token quantizer of FC2's input and FC1's
+gradient (quant_both.cu). References: swiglu_reference.py (swiglu_fp8_forward_reference,
+swiglu_fp8_backward_reference) and quantize.quantize_token_ref.
 
 Why not inductor: the reference written in torch ops, compiled inside the layer, made the backward
-kernel twice as slow as BF16 SwiGLU's (H100, 1.5B: 10.4% of the FP8 step against 4.9%) and the
+kernel twice as slow as BF16 SwiGLU's (an H100 profile of the 1.5B step) and the
 forward quantization two extra passes over h. Here the forward reads h once and writes y, the FP8
 bytes and the 1x128 scales; the backward reads the FP8 bytes, scales and dY once and writes dh.
 
 Programs: one per (BM rows, one 128-column block j of `gate`), handling that block of `gate` and
 the same block of `up` (columns F + j*128...), so the ffn size F must be a multiple of 128 (every
 Qwen2.5 size is, also per TP rank); other shapes, and CPU tensors outside the interpreter, take
-the reference path (swiglu.py decides). The FP8 data and scale bits equal quantize_token_ref's (the
+the reference path (infir.fp8.swiglu decides). The FP8 data and scale bits equal quantize_token_ref's (the
 row quantizer's helpers); y and dh agree with the references to rounding (exp differs in ulps).
 """
 from __future__ import annotations
@@ -20,9 +22,12 @@ import triton.language as tl
 
 from ...kernel_launch import Launch, grid1d
 from ..formats import get_format
+from ..policy import kernel_policy
 from ..quantize import TOKEN_BLOCK
 from . import cuda_build
-from . import quant as qk
+from .cuda_lib import both_layouts_outputs, cuda_fn
+from .quant_token import quantize_token_triton
+from .triton_fp8 import abs_nan_inf, consts, fp8_bits_to_f32, fp8_view, inv_scale, q8, quot_ok, scale_from_amax
 
 _TL_OUT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -43,9 +48,8 @@ def _tile(M, F, BM: tl.constexpr):
 def _quant_store(x, q_ptr, s_ptr, rm, M, mask, FMAX: tl.constexpr, UE8M0: tl.constexpr, OUT_DTYPE: tl.constexpr,
                  DIV: tl.constexpr):
     """x [BM, 128] as FP8 with one scale per row (the 1x128 rows quantizer's arithmetic)."""
-    s = qk._scale_from_amax(tl.max(qk._abs_nan_inf(x), axis=1), FMAX, UE8M0)
-    tl.store(q_ptr, qk._q8(x, s[:, None], qk._inv_scale(s, UE8M0)[:, None], qk._ok1(s, DIV), FMAX, OUT_DTYPE, DIV),
-             mask=mask)
+    s = scale_from_amax(tl.max(abs_nan_inf(x), axis=1), FMAX, UE8M0)
+    tl.store(q_ptr, q8(x, s[:, None], inv_scale(s, UE8M0)[:, None], quot_ok(s, DIV), FMAX, OUT_DTYPE, DIV), mask=mask)
     tl.store(s_ptr, s, mask=rm < M)
 
 
@@ -66,7 +70,7 @@ def _swiglu_fp8_fwd_kernel(h_ptr, y_ptr, q_ptr, s_ptr, M, F, BM: tl.constexpr, F
 @triton.jit
 def _load_fp8(ptr, mask, SOFT: tl.constexpr, MBITS: tl.constexpr, BIAS: tl.constexpr):
     if SOFT:  # interpreter: the bytes through a uint8 view, decoded in integers
-        v = qk._fp8_bits_to_f32(tl.load(ptr, mask=mask, other=0), MBITS, BIAS)
+        v = fp8_bits_to_f32(tl.load(ptr, mask=mask, other=0), MBITS, BIAS)
     else:
         v = tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
     return v
@@ -95,7 +99,7 @@ _BM = 16
 
 def supported(h2: torch.Tensor) -> bool:
     """The kernels' shapes and devices (else the reference path runs)."""
-    ok_device = h2.is_cuda or qk.SOFT_CAST
+    ok_device = h2.is_cuda or kernel_policy().interpret
     return ok_device and h2.dim() == 2 and h2.shape[1] % (2 * TOKEN_BLOCK) == 0 and h2.dtype in _TL_OUT
 
 
@@ -103,17 +107,17 @@ def swiglu_fp8_fwd(h2: torch.Tensor, scale_format: str, fmt: str):
     """y [M, F] = swiglu(h2), and h2 [M, 2F] as FP8 data [M, 2F] with scales [M, 2F/128] (row-major)."""
     h2 = h2.contiguous()
     M, K = h2.shape
-    key = ("fwd", M, K, h2.dtype, h2.device, scale_format, fmt, qk.SOFT_CAST, qk.DIV_OVERRIDE)
+    key = ("fwd", M, K, h2.dtype, h2.device, scale_format, fmt)
     entry = _ENTRIES.get(key)
     if entry is None:
-        (fmax, ue, out, div), dt = qk._consts(fmt, scale_format)
+        (fmax, ue, out, div), dt = consts(fmt, scale_format)
         launch = Launch(_swiglu_fp8_fwd_kernel, grid1d(triton.cdiv(M, _BM) * (K // 2 // 128)), 4)
         entry = _ENTRIES[key] = (launch, dt, (M, K // 2, _BM, fmax, ue, out, div, _TL_OUT[h2.dtype]))
     launch, dt, tail = entry
     y = torch.empty((M, K // 2), dtype=h2.dtype, device=h2.device)
     q = torch.empty((M, K), dtype=dt, device=h2.device)
     s = torch.empty((M, K // TOKEN_BLOCK), dtype=torch.float32, device=h2.device)
-    launch(h2.device.index, h2, y, qk._v(q), s, *tail)
+    launch(h2.device.index, h2, y, fp8_view(q), s, *tail)
     return y, q, s
 
 
@@ -121,15 +125,15 @@ def swiglu_fp8_bwd(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, out_dtyp
     """dh [M, 2F] in out_dtype, from the FP8 copy of h (swiglu_fp8_fwd) and dy2 [M, F]."""
     dy2 = dy2.contiguous()
     M, K = q.shape
-    key = ("bwd", M, K, q.dtype, dy2.dtype, out_dtype, q.device, qk.SOFT_CAST)
+    key = ("bwd", M, K, q.dtype, dy2.dtype, out_dtype, q.device)
     entry = _ENTRIES.get(key)
     if entry is None:
         mbits, bias = (3, 7) if q.dtype == torch.float8_e4m3fn else (2, 15)
         launch = Launch(_swiglu_fp8_bwd_kernel, grid1d(triton.cdiv(M, _BM) * (K // 2 // 128)), 4)
-        entry = _ENTRIES[key] = (launch, (M, K // 2, _BM, qk.SOFT_CAST, mbits, bias, _TL_OUT[out_dtype]))
+        entry = _ENTRIES[key] = (launch, (M, K // 2, _BM, kernel_policy().interpret, mbits, bias, _TL_OUT[out_dtype]))
     launch, tail = entry
     dh = torch.empty((M, K), dtype=out_dtype, device=q.device)
-    launch(q.device.index, qk._v(q), s, dy2, dh, *tail)
+    launch(q.device.index, fp8_view(q), s, dy2, dh, *tail)
     return dh
 
 
@@ -138,7 +142,7 @@ def bwd_quant_ok(q: torch.Tensor, dy2: torch.Tensor, out_dtype: torch.dtype) -> 
     cast, M and F whole 128-blocks. Shapes, dtypes and devices only, so that a compiled backward
     can decide while it is traced (a file check there, for the built library, broke the graph)."""
     M, K = q.shape
-    return (q.is_cuda and out_dtype == torch.bfloat16 and dy2.dtype == torch.bfloat16 and not qk.SOFT_CAST
+    return (q.is_cuda and out_dtype == torch.bfloat16 and dy2.dtype == torch.bfloat16 and not kernel_policy().interpret
             and q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) and M % TOKEN_BLOCK == 0
             and K % (2 * TOKEN_BLOCK) == 0)
 
@@ -148,18 +152,17 @@ def swiglu_fp8_bwd_quant(q: torch.Tensor, s: torch.Tensor, dy2: torch.Tensor, sc
     """swiglu_fp8_bwd(q, s, dy2, bf16) quantized per token in both layouts, dh never written: (q [M, 2F],
     scales, q^T [2F, M], scales), the layouts of quantize_token_triton(rows=True, cols=True), by
     quant_both.cu; where that library is not built (no nvcc, INFIR_CUDA_KERNELS=0), by the unfused pair.
-    loads: rows loaded ahead per thread, 2 or 4 (4 is faster at the Qwen2.5 ffn sizes since the kernel's
-    shared memory shrank: 0.131 vs 0.140 ms at 8192x4864, 0.477 vs 0.518 at 8192x18944, bench/quant.py
+    loads: rows loaded ahead per thread, 2 or 4 (4 is the faster at the Qwen2.5 ffn sizes, bench/quant.py
     --swiglu; its FP32-scale variant spills 4 bytes)."""
     if cuda_build.load("quant_both", q.device) is None:
-        a, b = qk.quantize_token_triton(swiglu_fp8_bwd(q, s, dy2, torch.bfloat16), scale_format, fmt, rows=True, cols=True)
+        a, b = quantize_token_triton(swiglu_fp8_bwd(q, s, dy2, torch.bfloat16), scale_format, fmt, rows=True, cols=True)
         return a.data, a.scale, b.data, b.scale
-    fn = qk._cuda_fn("infir_swiglu_bwd_quant_both", q.device)
+    fn = cuda_fn("infir_swiglu_bwd_quant_both", q.device)
     if dy2.stride(1) != 1 or dy2.stride(0) % 8 or dy2.data_ptr() % 16:
         dy2 = dy2.contiguous()
     q, s = q.contiguous(), s.contiguous()
     M, K = q.shape
-    out, so, qt, st = qk.both_layouts_outputs(M, K, fmt, q.device)
+    out, so, qt, st = both_layouts_outputs(M, K, fmt, q.device)
     err = fn(q.data_ptr(), s.data_ptr(), int(q.dtype == torch.float8_e5m2), dy2.data_ptr(), dy2.stride(0),
              out.data_ptr(), so.data_ptr(), qt.data_ptr(), st.data_ptr(), M, K // 2, int(scale_format == "ue8m0"),
              int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(q.device.index))
@@ -173,7 +176,7 @@ def fwd_quant_ok(h2: torch.Tensor) -> bool:
     """Whether swiglu_fp8_fwd_quant takes h2: bf16 on a GPU with the hardware cast, M and F whole
     128-blocks. Trace-safe, as bwd_quant_ok."""
     M, K = h2.shape
-    return (h2.is_cuda and h2.dtype == torch.bfloat16 and not qk.SOFT_CAST and M % TOKEN_BLOCK == 0
+    return (h2.is_cuda and h2.dtype == torch.bfloat16 and not kernel_policy().interpret and M % TOKEN_BLOCK == 0
             and K % (2 * TOKEN_BLOCK) == 0)
 
 
@@ -183,20 +186,19 @@ def swiglu_fp8_fwd_quant(h2: torch.Tensor, h_scale_format: str, h_fmt: str, scal
     written: (h2's FP8 data [M, 2F], its scales [M, 2F/128] row-major, y's q [M, F], scales, q^T
     [F, M], scales), y's in the layouts of quantize_token_triton(rows=True, cols=True), by
     quant_both.cu; where that library is not built, by the unfused pair. loads: 2 or 4 rows ahead (about
-    even at the Qwen2.5 ffn sizes since the kernel's shared memory shrank: 0.135 vs 0.137 ms at 8192x4864,
-    0.488 vs 0.484 at 8192x18944, bench/quant.py --swiglu)."""
+    even at the Qwen2.5 ffn sizes, bench/quant.py --swiglu)."""
     if cuda_build.load("quant_both", h2.device) is None:
         y, qh, sh = swiglu_fp8_fwd(h2, h_scale_format, h_fmt)
-        a, b = qk.quantize_token_triton(y, scale_format, fmt, rows=True, cols=True)
+        a, b = quantize_token_triton(y, scale_format, fmt, rows=True, cols=True)
         return qh, sh, a.data, a.scale, b.data, b.scale
-    fn = qk._cuda_fn("infir_swiglu_fwd_quant_both", h2.device)
+    fn = cuda_fn("infir_swiglu_fwd_quant_both", h2.device)
     if h2.stride(1) != 1 or h2.stride(0) % 8 or h2.data_ptr() % 16:
         h2 = h2.contiguous()
     M, K = h2.shape
     F, dev = K // 2, h2.device
     qh = torch.empty((M, K), dtype=get_format(h_fmt).dtype, device=dev)
     sh = torch.empty((M, K // TOKEN_BLOCK), dtype=torch.float32, device=dev)
-    q, s, qt, st = qk.both_layouts_outputs(M, F, fmt, dev)
+    q, s, qt, st = both_layouts_outputs(M, F, fmt, dev)
     err = fn(h2.data_ptr(), h2.stride(0), qh.data_ptr(), sh.data_ptr(), int(h_scale_format == "ue8m0"),
              int(h_fmt == "e5m2"), q.data_ptr(), s.data_ptr(), qt.data_ptr(), st.data_ptr(), M, F,
              int(scale_format == "ue8m0"), int(fmt == "e5m2"), loads, torch._C._cuda_getCurrentRawStream(dev.index))

@@ -1,12 +1,13 @@
 """A 2-D transpose for the FP8 backward: W^T for dgrad, X^T / dY^T of per-tensor and MOSS operands.
 
 Why not `x.t().contiguous()`: on an H100 torch's copy of a transposed uint8 matrix ran far under
-HBM bandwidth. In the 1.5B FP8 step (BENCHMARKS.md, 17:49 UTC profile) the 448 W^T copies of one
-step (one per projection and micro-batch) took 5.3% of it, and "copies" were 36% of the per-tensor
-step, whose activations are transposed the same way. Here a program reads a [BR, BC] tile along
+HBM bandwidth: in a profile of the 1.5B FP8 step the W^T copies (one per projection and
+micro-batch) took a twentieth of it, and copies over a third of the per-tensor recipe's step, whose
+activations are transposed the same way. Here a program reads a [BR, BC] tile along
 its rows, transposes it in registers/shared memory (tl.trans), and writes rows of the result; the
 elements move as integers of their width, so FP8, BF16 and FP32 are all the same kernel.
-The reference is torch's `x.t().contiguous()`: tests hold the two to the same bytes.
+The reference is quantize.transposed_reference (torch's `x.t().contiguous()`): tests hold the two
+to the same bytes.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import triton
 import triton.language as tl
 
 from ...kernel_launch import Launch, grid1d
-from .quant import _ENTRIES, _best, _check_device
+from .autotune import ENTRIES, best
+from .triton_fp8 import check_device
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 # (BR, BC, num_warps); the first is used where nothing is timed (interpreter, INFIR_FP8_AUTOTUNE=0).
-_CONFIGS = [(64, 64, 4), (128, 128, 8), (128, 64, 4), (64, 128, 4), (32, 128, 4), (128, 32, 4)]
+CONFIGS = [(64, 64, 4), (128, 128, 8), (128, 64, 4), (64, 128, 4), (32, 128, 4), (128, 32, 4)]
 
 
 @triton.jit
@@ -30,11 +32,12 @@ def _transpose_kernel(x_ptr, y_ptr, R, C, stride_r, BR: tl.constexpr, BC: tl.con
     rc = (pid % n_c) * BC + tl.arange(0, BC)
     x = tl.load(x_ptr + rr[:, None].to(tl.int64) * stride_r + rc[None, :], mask=(rr[:, None] < R) & (rc[None, :] < C))
     # The store's bounds mask is built in the stored [BC, BR] orientation, not by transposing the
-    # load's mask (see quant._mask_t: a transposed boolean tile went wrong on an H100).
+    # load's mask (see triton_fp8.mask_t: a transposed boolean tile went wrong on an H100).
     tl.store(y_ptr + rc[:, None].to(tl.int64) * R + rr[None, :], tl.trans(x), mask=(rc[:, None] < C) & (rr[None, :] < R))
 
 
-def _entry(x: torch.Tensor, cfg):
+def runner(x: torch.Tensor, cfg):
+    """run(t) -> t^T for inputs shaped as x, in one configuration (BR, BC, num_warps) of CONFIGS."""
     br, bc, warps = cfg
     R, C = x.shape
     launch = Launch(_transpose_kernel, grid1d(triton.cdiv(R, br) * triton.cdiv(C, bc)), warps)
@@ -56,8 +59,8 @@ def transpose_2d(x: torch.Tensor) -> torch.Tensor:
     if x.numel() == 0:
         return x.t().contiguous()
     key = ("transpose", x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15 == 0)
-    run = _ENTRIES.get(key)
+    run = ENTRIES.get(key)
     if run is None:
-        _check_device(x)
-        run = _ENTRIES[key] = _best(lambda c: _entry(x, c), _CONFIGS, x)
+        check_device(x)
+        run = ENTRIES[key] = best(lambda c: runner(x, c), CONFIGS, x)
     return run(x)
