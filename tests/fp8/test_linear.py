@@ -132,7 +132,8 @@ def test_gpu_linear_fast_path_matches_emulated(recipe, mkn):
     for fast, emu in zip(outs["auto"], outs["emulated"]):
         assert rel(fast.float(), emu.double()) < 1e-2  # bf16 outputs of the same FP8 products
     y_ref, dx_ref, dw_ref, _ = fp64_reference(x, w, torch.zeros(N, device="cuda"), dy)
-    assert rel(outs["auto"][0], y_ref) < 5e-2 and rel(outs["auto"][1], dx_ref) < 5e-2 and rel(outs["auto"][2], dw_ref) < 5e-2
+    tol = 1e-1 if get_recipe(recipe).grad_output.fmt == "e5m2" else 5e-2  # E5M2 gradients: see the CPU test
+    assert rel(outs["auto"][0], y_ref) < 5e-2 and rel(outs["auto"][1], dx_ref) < tol and rel(outs["auto"][2], dw_ref) < tol
 
 
 @pytest.mark.gpu
