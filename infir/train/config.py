@@ -68,18 +68,26 @@ def composition_error(error: Exception) -> ConfigError:
         keys = [k for k in node.keys() if k != "hydra"] if node is not None else ["the keys in conf/"]
         return _unknown_key(cause.full_key, keys)
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
-        return ConfigError(f"{cause.full_key}={cause.value!r} is not valid: expected {_type_name(cause)}")
+        return ConfigError(f"{cause.full_key}={cause.value!r} is not valid: expected {_declared_type(cause)}")
     return ConfigError(" ".join(line.strip() for line in str(error).splitlines() if line.strip()))
 
 
-def _type_name(error) -> str:
-    """The type a field was declared with, in words, from an OmegaConf ValidationError."""
-    from omegaconf import ValueNode
+_WORDS = {"float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
+          "List[float]": "a list of numbers", "Dict[str, Any]": "a mapping of names to values"}
 
-    node = error.child_node
-    kind = type(node).__name__.replace("Node", "").lower() if isinstance(node, ValueNode) else "a value"
-    return {"float": "a number", "integer": "an integer", "boolean": "true or false", "string": "a string",
-            "union": "a value of the declared types"}.get(kind, kind)
+
+def _declared_type(error) -> str:
+    """In words, the type schema.py declares for the key an OmegaConf ValidationError names."""
+    owner = error.object_type
+    if dataclasses.is_dataclass(owner):
+        declared = {f.name: str(f.type) for f in dataclasses.fields(owner)}.get(error.key, "")
+    else:  # an item of a typed list: typing.List[float]
+        declared = str(error.ref_type).removeprefix("typing.List[").removesuffix("]")
+    optional = declared.startswith("Optional[")
+    if optional:
+        declared = declared.removeprefix("Optional[").removesuffix("]")
+    words = _WORDS.get(declared) or (f"a mapping of {declared}'s keys" if declared else "a value of the declared type")
+    return words + (" or null" if optional else "")
 
 
 def _writable(run_dir: Path) -> str | None:
