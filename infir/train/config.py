@@ -62,7 +62,7 @@ def composition_error(error: Exception) -> ConfigError:
     if isinstance(error, MissingConfigException) and error.options:
         group, _, option = (error.missing_cfg_file or "").rpartition("/")
         return ConfigError(f"{group}={option} is not valid: expected one of {', '.join(error.options)} (conf/{group}/)")
-    cause = error.__cause__
+    cause = error.__cause__ or error.__context__  # an override's error, or a YAML file's
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
         node = cause.parent_node
         keys = [k for k in node.keys() if k != "hydra"] if node is not None else ["the keys in conf/"]

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from infir.train.config import ConfigError, check
+from infir.train.config import check
 
 # "auto" (on a GPU), true or false. Not Union[bool, str]: OmegaConf's union nodes fail inside Hydra's merge.
 AutoBool = Any

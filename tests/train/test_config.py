@@ -76,6 +76,25 @@ def test_bad_values_name_the_key(overrides, message):
         validate(compose(overrides))
 
 
+@pytest.mark.parametrize("yaml, message", [
+    ("name: tiny\ninit_sdt: 0.02\n", "model.init_sdt is not a key of model: expected one of name, init_std,"),
+    ("name: tiny\ninit_std: big\n", "model.init_std='big' is not valid: expected a number"),
+    ("name: tiny\nrecompute: some\n", "model.recompute='some' is not valid: expected one of none, full, selective"),
+])
+def test_a_group_yaml_is_checked_against_its_schema(yaml, message, tmp_path, monkeypatch):
+    import shutil
+
+    from infir.train.cli import conf_dir
+
+    conf = tmp_path / "conf"
+    shutil.copytree(conf_dir(), conf)
+    (conf / "model" / "mine.yaml").write_text(yaml)
+    monkeypatch.setenv("INFIR_CONF", str(conf))
+    with pytest.raises(ConfigError) as e:
+        compose(["model=mine"])
+    assert str(e.value).startswith(message)
+
+
 def test_a_typed_default_fills_a_key_the_yaml_leaves_out():
     cfg = compose([])
     assert cfg.optimizer.kwargs == {} and cfg.train.gc_interval is None
