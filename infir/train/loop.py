@@ -113,12 +113,11 @@ def grad_accumulation(stage, info) -> int:
 
 
 def run_length(stage, train_samples: int) -> int:
-    """Optimizer steps of the stage: stage.iters, or stage.epochs over the training set."""
+    """Optimizer steps of the stage: stage.iters, or else stage.epochs over the training set (the
+    schema requires one of them)."""
     if stage.iters:
-        return int(stage.iters)
-    if stage.epochs:
-        return max(1, int(stage.epochs * train_samples) // stage.global_batch)
-    raise ValueError("stage.iters or stage.epochs must be set")
+        return stage.iters
+    return max(1, int(stage.epochs * train_samples) // stage.global_batch)
 
 
 class Trainer:
