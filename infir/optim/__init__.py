@@ -9,10 +9,12 @@
 | offload_adamw   | SRAdamW(offload=True)  | bf16   | 4 on the GPU, 4 in pinned host memory |
 
 Hook-up in a training loop (what each optimizer expects):
-- Params: ``required_param_dtype(name)``; cast the model (``model.bfloat16()``) before building
+- ``optimizer_spec(name)`` says it: the params' dtype, where the gradients are read, whether
+  clipping fuses into the step.
+- Params: ``param_dtype``; cast the model (``model.bfloat16()``) before building
   the optimizer. The bf16 optimizers keep no fp32 copy: the param *is* the weight.
 - Gradients: read from ``p.grad``, or from ``p.main_grad`` when ``p.grad`` is None (megatron-core
-  DDP), any float dtype; the math is fp32.
+  DDP), any float dtype; the math is fp32. torch's AdamW only reads ``p.grad``.
 - Data parallel (torch DDP or megatron-core DDP without the distributed optimizer): reduce
   gradients, then ``optimizer.step()`` on every rank; every rank keeps full states and the
   update is deterministic (SR noise is keyed by seed, step and param index, not rank), so
@@ -25,7 +27,8 @@ Hook-up in a training loop (what each optimizer expects):
   after backward, or combine with ``enable_step_in_backward`` to overlap with backward.
 - Checkpoints: ``state_dict()`` / ``load_state_dict()`` round-trip bit for bit.
 """
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 
@@ -46,16 +49,34 @@ def _torch_adamw(params, **kw) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, **kw)
 
 
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """An optimizer and what it needs from the training loop that steps it."""
+    factory: Callable[..., torch.optim.Optimizer]
+    param_dtype: torch.dtype  # the dtype the model's params must have
+    # True: reads megatron DDP's FP32 `p.main_grad` itself (its BF16 params' `.grad` could not hold it).
+    # False: steps on `p.grad`, which the loop points at `main_grad`.
+    reads_main_grad: bool
+    # Built fused, it divides the gradients by `optimizer.grad_scale` inside its kernel: clipping
+    # then costs no pass over the gradients of its own.
+    fused_grad_scale: bool = False
+
+    def clips_in_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether setting `optimizer.grad_scale` clips the gradients during `optimizer.step()`."""
+        return self.fused_grad_scale and bool(optimizer.defaults.get("fused"))
+
+
 OPTIMIZERS = {
-    "adamw": (_torch_adamw, torch.float32),
-    "flash_adamw": (FlashAdamW, torch.bfloat16),
-    "sr_adamw": (SRAdamW, torch.bfloat16),
-    "bf16_adamw_rn": (BF16AdamW, torch.bfloat16),
-    "offload_adamw": (OffloadedAdamW, torch.bfloat16),
+    "adamw": OptimizerSpec(_torch_adamw, torch.float32, reads_main_grad=False, fused_grad_scale=True),
+    "flash_adamw": OptimizerSpec(FlashAdamW, torch.bfloat16, reads_main_grad=True),
+    "sr_adamw": OptimizerSpec(SRAdamW, torch.bfloat16, reads_main_grad=True),
+    "bf16_adamw_rn": OptimizerSpec(BF16AdamW, torch.bfloat16, reads_main_grad=True),
+    "offload_adamw": OptimizerSpec(OffloadedAdamW, torch.bfloat16, reads_main_grad=True),
 }
 
 
-def _lookup(name: str):
+def optimizer_spec(name: str) -> OptimizerSpec:
+    """The registry entry of optimizer ``name`` (a key of OPTIMIZERS)."""
     if name not in OPTIMIZERS:
         raise KeyError(f"unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}")
     return OPTIMIZERS[name]
@@ -63,22 +84,23 @@ def _lookup(name: str):
 
 def required_param_dtype(name: str) -> torch.dtype:
     """The dtype the model's params must have for optimizer ``name``."""
-    return _lookup(name)[1]
+    return optimizer_spec(name).param_dtype
 
 
 def build_optimizer(name: str, params: Iterable, **kw) -> torch.optim.Optimizer:
     """Build optimizer ``name`` (a key of OPTIMIZERS) with torch AdamW's keyword arguments
     (lr, betas, eps, weight_decay) plus the class's own (fused, offload, seed)."""
-    factory, dtype = _lookup(name)
+    spec = optimizer_spec(name)
+    dtype = spec.param_dtype
     params = [dict(item, params=list(item["params"])) if isinstance(item, dict) else item
               for item in params]
     for p in (q for item in params for q in (item["params"] if isinstance(item, dict) else [item])):
         if p.dtype != dtype:
             raise TypeError(f"optimizer {name!r} expects {dtype} params, got {p.dtype} for a "
                             f"param of shape {tuple(p.shape)}; cast the model to {dtype} first")
-    return factory(params, **kw)
+    return spec.factory(params, **kw)
 
 
 __all__ = ["FlashAdamW", "SRAdamW", "BF16AdamW", "OffloadedAdamW", "PerParamOptimizer",
            "StepInBackward", "enable_step_in_backward", "build_optimizer",
-           "required_param_dtype", "OPTIMIZERS"]
+           "required_param_dtype", "optimizer_spec", "OptimizerSpec", "OPTIMIZERS"]

@@ -16,13 +16,24 @@ def conf_dir() -> Path:
 
 
 def compose(overrides: list[str] | None = None):
-    """The config `infir-train OVERRIDES...` would run, for benches and tests (no Hydra run dir)."""
+    """The config `infir-train OVERRIDES...` would run, for benches and tests (no Hydra run dir); a key
+    its group does not have, a wrong type or an out-of-range value raises one ConfigError line."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    from infir.train.config import composition_error, typed
+    from infir.train.schema import register
 
     _quiet_megatron()
+    register()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return hydra_compose(config_name="config", overrides=list(overrides or []))
+        try:
+            cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+        except HydraException as e:
+            raise composition_error(e) from None
+    typed(cfg)
+    return cfg
 
 
 def _quiet_megatron() -> None:
@@ -35,13 +46,24 @@ def _quiet_megatron() -> None:
     logging.getLogger("megatron").setLevel(logging.WARNING)
 
 
+def _exit_on_bad_config(check) -> None:
+    """Run `check`; a ConfigError ends the program with its one line and exit code 2 (bad usage)."""
+    from infir.train.config import ConfigError
+
+    try:
+        check()
+    except ConfigError as e:
+        print(f"infir-train: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
 def run(cfg) -> dict:
     from infir.train import config as validation
     from infir.train import dist as distributed
     from infir.train.checkpoint import CheckpointWriteError
     from infir.train.loop import NonFiniteError, Trainer
 
-    validation.validate(cfg)
+    _exit_on_bad_config(lambda: validation.validate(cfg))
     trainer = None
     try:
         trainer = Trainer(cfg)
@@ -59,9 +81,19 @@ def run(cfg) -> dict:
 
 
 def main() -> None:
+    """Hydra's main, once the config composed from the command line passed validation: Hydra would
+    report a bad key in a multi-line traceback after making run_dir, this in one line."""
     _quiet_megatron()
     import hydra
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main reads the command line with
 
+    from infir.train.config import validate
+    from infir.train.schema import register
+
+    args = get_args_parser().parse_args()
+    if not (args.multirun or args.config_dir or args.config_name or args.config_path):  # else: checked in run
+        _exit_on_bad_config(lambda: validate(compose(args.overrides)))
+    register()
     hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(run)()
 
 

@@ -1,9 +1,15 @@
-"""Checks of a composed config that fail before any process group, model or data is built.
+"""A bad config fails before any process group, model or data is built, in one line that names the key,
+the rule and the valid values.
 
-Hydra already rejects an unknown group option with the list of valid ones (`model=foo`); this module
-catches wrong values inside a group, each error naming the key and what it accepts.
+Each group's fields are typed and range-checked by its dataclass (schema.py): Hydra rejects an
+unknown key or a wrong type while composing, `typed` runs the range checks. `validate` adds the
+rules that span groups and the ones that look at the disk (init_from, run_dir).
 """
 from __future__ import annotations
+
+import dataclasses
+import tempfile
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -13,55 +19,107 @@ class ConfigError(ValueError):
     pass
 
 
-def _need(cond: bool, key: str, value, valid: str) -> None:
+def check(cond: bool, key: str, value, valid: str) -> None:
+    """Raise a ConfigError naming `key` and what it accepts unless `cond` holds."""
     if not cond:
-        raise ConfigError(f"{key}={value!r} is not valid; expected {valid}")
+        raise ConfigError(f"{key}={value!r} is not valid: expected {valid}")
 
 
-COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+def typed(cfg: DictConfig):
+    """The config as its schema's dataclasses (schema.InfirConfig): every field's own rule checked."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # the first unset key in the file's order
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} must be set (it is '???' in the config); pass {e.full_key}=...") from None
+    config = OmegaConf.to_object(cfg)
+    _reject_unknown_keys(config)
+    return config
+
+
+def _reject_unknown_keys(config, prefix: str = "") -> None:
+    """Hydra's `+key=value` adds a key even to a typed node, and to_object keeps it as an attribute:
+    a key the dataclass does not declare is a typo."""
+    names = [f.name for f in dataclasses.fields(config)]
+    for key in vars(config):
+        if key not in names:
+            raise _unknown_key(prefix + key, names)
+    for name in names:
+        value = getattr(config, name)
+        if dataclasses.is_dataclass(value):
+            _reject_unknown_keys(value, f"{prefix}{name}.")
+
+
+def _unknown_key(full_key: str, valid) -> ConfigError:
+    parent = full_key.rpartition(".")[0] or "the config"
+    return ConfigError(f"{full_key} is not a key of {parent}: expected one of {', '.join(map(str, valid))}")
+
+
+def composition_error(error: Exception) -> ConfigError:
+    """Hydra's multi-line report of a failed composition, as one ConfigError line."""
+    from hydra.errors import MissingConfigException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    if isinstance(error, MissingConfigException) and error.options:
+        group, _, option = (error.missing_cfg_file or "").rpartition("/")
+        return ConfigError(f"{group}={option} is not valid: expected one of {', '.join(error.options)} (conf/{group}/)")
+    cause = error.__cause__ or error.__context__  # an override's error, or a YAML file's
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and cause.full_key:
+        node = cause.parent_node
+        keys = [k for k in node.keys() if k != "hydra"] if node is not None else ["the keys in conf/"]
+        return _unknown_key(cause.full_key, keys)
+    if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        return ConfigError(f"{cause.full_key}={cause.value!r} is not valid: expected {_declared_type(cause)}")
+    return ConfigError(" ".join(line.strip() for line in str(error).splitlines() if line.strip()))
+
+
+_WORDS = {"float": "a number", "int": "an integer", "bool": "true or false", "str": "a string",
+          "List[float]": "a list of numbers", "Dict[str, Any]": "a mapping of names to values"}
+
+
+def _declared_type(error) -> str:
+    """In words, the type schema.py declares for the key an OmegaConf ValidationError names."""
+    owner = error.object_type
+    if dataclasses.is_dataclass(owner):
+        declared = {f.name: str(f.type) for f in dataclasses.fields(owner)}.get(error.key, "")
+    else:  # an item of a typed list: typing.List[float]
+        declared = str(error.ref_type).removeprefix("typing.List[").removesuffix("]")
+    optional = declared.startswith("Optional[")
+    if optional:
+        declared = declared.removeprefix("Optional[").removesuffix("]")
+    words = _WORDS.get(declared) or (f"a mapping of {declared}'s keys" if declared else "a value of the declared type")
+    return words + (" or null" if optional else "")
+
+
+def _writable(run_dir: Path) -> str | None:
+    """Why run_dir cannot be made or written to, or None when it can."""
+    existing = run_dir.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file"
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as e:
+        return f"cannot create a directory in {existing}: {e.strerror}"
+    return None
 
 
 def validate(cfg: DictConfig) -> None:
+    """The field rules (typed) plus those across groups and on the disk; ConfigError at the first broken one."""
     from infir.model.qwen import SIZES, check_parallel
-    from infir.train.precision import build_recipe
 
-    try:
-        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except MissingMandatoryValue as e:
-        raise ConfigError(f"{e.full_key} must be set (it is '???' in the config); pass {e.full_key}=...") from None
-    st, tr = cfg.stage, cfg.train
-    _need(cfg.model.name in SIZES, "model.name", cfg.model.name, f"one of {sorted(SIZES)}")
-    try:
-        build_recipe(cfg.precision)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    _need(cfg.device in ("auto", "cpu", "cuda"), "device", cfg.device, "auto, cpu or cuda")
-    _need(cfg.model.get("compile_mode", "auto") in COMPILE_MODES, "model.compile_mode", cfg.model.get("compile_mode"),
-          f"one of {', '.join(COMPILE_MODES)} (auto, or one of torch.compile's modes)")
-    _need(isinstance(cfg.parallel.tp, int) and cfg.parallel.tp >= 1, "parallel.tp", cfg.parallel.tp, "an integer >= 1")
-    for key in ("seq_length", "global_batch", "micro_batch"):
-        _need(isinstance(st[key], int) and st[key] > 0, f"stage.{key}", st[key], "a positive integer")
-    _need(st.iters is None or (isinstance(st.iters, int) and st.iters > 0), "stage.iters", st.iters, "a positive integer or null (then stage.epochs)")
-    _need(st.iters is not None or (st.epochs or 0) > 0, "stage.epochs", st.epochs, "a positive number when stage.iters is null")
-    _need(st.schedule in ("cosine", "wsd", "constant"), "stage.schedule", st.schedule, "cosine, wsd or constant")
-    _need(st.lr > 0 and 0 <= st.min_lr <= st.lr, "stage.min_lr", st.min_lr, f"between 0 and stage.lr={st.lr}")
-    _need(tr.on_nan in ("stop", "skip"), "train.on_nan", tr.on_nan, "stop or skip")
-    _need(tr.log_interval > 0, "train.log_interval", tr.log_interval, "a positive integer")
-    _need(tr.save_interval > 0, "train.save_interval", tr.save_interval, "a positive integer")
-    gci = tr.get("gc_interval")
-    _need(gci is None or (isinstance(gci, int) and not isinstance(gci, bool) and gci >= 1), "train.gc_interval", gci,
-          "null (Python's automatic garbage collection) or an integer >= 1 (collect every N steps)")
-    _need(cfg.data.name in ("demo", "custom", "synthetic"), "data.name", cfg.data.name, "demo, custom or synthetic")
-    _need(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset, "pretrain with data=synthetic")
+    typed(cfg)
+    st = cfg.stage
+    check(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset, "pretrain with data=synthetic")
     if cfg.data.name == "custom" and not (cfg.data.sources or {}).get(st.dataset):
         raise ConfigError(
             f"data.sources.{st.dataset} is not set: stage={st.name} reads the '{st.dataset}' source; "
             f"prepare it with `infir-prep` and pass data.sources.{st.dataset}=PREFIX (or a [weight, prefix, ...] blend)"
         )
     if cfg.init_from is not None:
-        from pathlib import Path
-
-        _need(Path(cfg.init_from).exists(), "init_from", cfg.init_from, "an existing checkpoint directory (or null)")
+        check(Path(cfg.init_from).exists(), "init_from", cfg.init_from, "an existing checkpoint directory (or null)")
+    problem = _writable(Path(cfg.run_dir))
+    check(problem is None, "run_dir", cfg.run_dir, f"a directory this process can write ({problem})")
     try:
         check_parallel(SIZES[cfg.model.name], cfg.parallel.tp, st.seq_length, cfg.parallel.sequence_parallel)
     except ValueError as e:

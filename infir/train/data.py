@@ -51,7 +51,7 @@ def _blend(src):
     return OmegaConf.to_container(src) if OmegaConf.is_config(src) else src
 
 
-def build(cfg, info, vocab: int):
+def build_data(cfg, info, vocab: int):
     """(train dataset, validation dataset or None) for this stage.
 
     Pretraining draws `stage.iters x stage.global_batch` sequences (megatron repeats epochs of a

@@ -1,6 +1,7 @@
 """The training loop, read top to bottom: `Trainer.__init__` builds everything in order (processes,
-model, DDP, optimizer, data, resume), `train_step` runs one optimizer step over its micro-batches,
-`train` loops, validates, logs and checkpoints.
+then `build_model`, `build_optimizer`, `build_data`, then resume), `train_step` runs one optimizer
+step over its micro-batches, `train` loops, validates, logs and checkpoints. What an optimizer needs
+of the loop (param dtype, `.grad` or `main_grad`, fused clipping) is its entry in infir.optim's registry.
 
 Precision: master weights, gradients (megatron DDP's fp32 `main_grad` buffers) and optimizer states
 are FP32; the forward/backward compute dtype is the recipe's (BF16 autocast, or FP8 linears).
@@ -23,8 +24,8 @@ from infir.train import batch as batching
 from infir.train import checkpoint, data, dist as distributed
 from infir.train.flops import flops_per_token, peak_tflops
 from infir.train.gc_control import StepGC
-from infir.train.metrics import RunLogger, format_duration, format_si
 from infir.train import precision
+from infir.train.metrics import RunLogger, format_duration, format_si
 from infir.train.schedule import lr_at, resolve_warmup
 
 
@@ -48,120 +49,129 @@ class NonFiniteError(RuntimeError):
     """A NaN/Inf loss or gradient norm stopped the run (the last good checkpoint is kept)."""
 
 
+def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
+    """megatron's GPTModel from infir's spec with the recipe's linears, its layers compiled as
+    `model.compile` says, wrapped in megatron's DDP (FP32 `main_grad` buffers).
+
+    Returns (the DDP model, whether its compiled layers replay CUDA graphs)."""
+    device = info.device
+    tcfg = transformer_config(
+        size,
+        tp=info.tp,
+        sequence_parallel=cfg.parallel.sequence_parallel,
+        params_dtype=param_dtype,
+        init_std=cfg.model.init_std,
+        recompute=cfg.model.recompute,
+        cpu_init=cfg.model.cpu_init,
+        fusions=_on_gpu(cfg.model.fusions, device),
+        autocast_dtype=None if recipe.compute_dtype == torch.float32 else recipe.compute_dtype,
+    )
+    model = build_gpt(
+        size, tcfg, recipe, seq_length=cfg.stage.seq_length,
+        chunked_loss=_on_gpu(cfg.model.chunked_loss, device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
+    ).to(device)
+    graphed = False
+    if _on_gpu(cfg.model.compile, device):
+        # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
+        # Module.compile() works in place, so parameter names and checkpoints are unchanged.
+        # reduce-overhead adds CUDA graphs: for steps where issuing a layer's kernels from
+        # Python takes longer than running them (compile_mode above)
+        mode = compile_mode(cfg.model.compile_mode, recipe, cfg.model.recompute, device)
+        for layer in model.decoder.layers:
+            layer.compile(mode=None if mode == "default" else mode)
+        # whether torch.compile's mode replays CUDA graphs, as torch itself lists it (validate needs it)
+        graphed = bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp = DistributedDataParallel(tcfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), model)
+    return ddp, graphed
+
+
+def build_optimizer(cfg, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """`optimizer=` from infir.optim's registry, with decoupled weight decay on matrices only (not
+    on norms and biases)."""
+    from infir import optim
+
+    st, oc = cfg.stage, cfg.optimizer
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": st.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    return optim.build_optimizer(oc.name, groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps, **oc.kwargs)
+
+
+def grad_accumulation(stage, info) -> int:
+    """Micro-batches per step and rank: the global batch over micro-batch x data-parallel size."""
+    if stage.global_batch % (stage.micro_batch * info.dp):
+        raise ValueError(
+            f"stage.global_batch={stage.global_batch} must be a multiple of stage.micro_batch x data-parallel size "
+            f"({stage.micro_batch} x {info.dp})"
+        )
+    return stage.global_batch // (stage.micro_batch * info.dp)
+
+
+def run_length(stage, train_samples: int) -> int:
+    """Optimizer steps of the stage: stage.iters, or else stage.epochs over the training set (the
+    schema requires one of them)."""
+    if stage.iters:
+        return stage.iters
+    return max(1, int(stage.epochs * train_samples) // stage.global_batch)
+
+
 class Trainer:
     def __init__(self, cfg):
-        self.cfg = cfg
-        st = cfg.stage
+        from infir.optim import optimizer_spec
+        from infir.train.fp8_health import HealthMonitor
+
+        self.cfg, st = cfg, cfg.stage
         self.info = info = distributed.init(cfg.parallel.tp, cfg.device)
         seed_everything(cfg.seed)
         self.device = info.device
         self.size = get_size(cfg.model.name)
         check_parallel(self.size, info.tp, st.seq_length, cfg.parallel.sequence_parallel)
-        if st.global_batch % (st.micro_batch * info.dp):
-            raise ValueError(
-                f"stage.global_batch={st.global_batch} must be a multiple of stage.micro_batch x data-parallel size "
-                f"({st.micro_batch} x {info.dp})"
-            )
-        self.accum = st.global_batch // (st.micro_batch * info.dp)
+        self.accum = grad_accumulation(st, info)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
         self.log = RunLogger(cfg, self.run_dir, enabled=info.is_main)
         if info.is_main:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
-        # Model: megatron GPTModel from our spec, the recipe's linears, FP32 master weights.
+        # Model: the recipe's linears; params in the dtype the optimizer steps (FP32 masters for
+        # torch AdamW, the weight itself in BF16 for the memory-efficient ones).
         self.recipe = precision.build_recipe(cfg.precision)
-        from infir.optim import required_param_dtype
-
-        # FP32 masters for torch AdamW; the memory-efficient optimizers keep the weight itself in BF16.
-        self.param_dtype = required_param_dtype(cfg.optimizer.name)
-        tcfg = transformer_config(
-            self.size,
-            tp=info.tp,
-            sequence_parallel=cfg.parallel.sequence_parallel,
-            params_dtype=self.param_dtype,
-            init_std=cfg.model.init_std,
-            recompute=cfg.model.recompute,
-            cpu_init=cfg.model.cpu_init,
-            fusions=_on_gpu(cfg.model.fusions, self.device),
-            autocast_dtype=None if self.recipe.compute_dtype == torch.float32 else self.recipe.compute_dtype,
-        )
-        model = build_gpt(
-            self.size, tcfg, self.recipe, seq_length=st.seq_length,
-            chunked_loss=_on_gpu(cfg.model.chunked_loss, self.device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
-        ).to(self.device)
-        self.graphed = False
-        if _on_gpu(cfg.model.compile, self.device):
-            # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
-            # Module.compile() works in place, so parameter names and checkpoints are unchanged.
-            # reduce-overhead adds CUDA graphs: for steps where issuing a layer's kernels from
-            # Python takes longer than running them (compile_mode above)
-            mode = compile_mode(cfg.model.get("compile_mode", "auto"), self.recipe, cfg.model.recompute,
-                                self.device)
-            for layer in model.decoder.layers:
-                layer.compile(mode=None if mode == "default" else mode)
-            # whether torch.compile's mode replays CUDA graphs, as torch itself lists it (validate needs it)
-            self.graphed = bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-        self.model = DistributedDataParallel(
-            tcfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), model
-        )
+        self.optimizer_spec = optimizer_spec(cfg.optimizer.name)
+        self.model, self.graphed = build_model(cfg, info, self.size, self.recipe, self.optimizer_spec.param_dtype)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        from infir.train.fp8_health import HealthMonitor
-
         self.health = HealthMonitor(cfg.train.fp8_health_interval)
-        self.health.attach(model)
-        self.gc = StepGC(cfg.train.get("gc_interval"))
-
-        # Optimizer: decoupled weight decay on matrices only (not on norms and biases).
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
-        self.optimizer = self._build_optimizer(
-            [{"params": decay, "weight_decay": st.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        )
+        self.health.attach(self.model.module)
+        self.gc = StepGC(cfg.train.gc_interval)
+        self.optimizer = build_optimizer(cfg, self.params)
 
         # Data and the length of the run.
-        self.train_ds, self.valid_ds = data.build(cfg, info, self.size.vocab)
-        if st.iters:
-            self.total_iters = int(st.iters)
-        elif st.epochs:
-            self.total_iters = max(1, int(st.epochs * len(self.train_ds)) // st.global_batch)
-        else:
-            raise ValueError("stage.iters or stage.epochs must be set")
+        self.train_ds, self.valid_ds = data.build_data(cfg, info, self.size.vocab)
+        self.total_iters = run_length(st, len(self.train_ds))
         self.warmup = resolve_warmup(st.warmup_iters, self.total_iters)
         self.tokens_per_step = st.global_batch * st.seq_length
         self.flops_per_token = flops_per_token(self.size, st.seq_length)
         self.peak = peak_tflops(self.device)
 
-        # Resume (same run dir) wins over init_from (weights of an earlier stage).
-        self.step = 0
-        self.skipped = 0
-        resume = checkpoint.find_resume(self.ckpt_root)
-        if resume is not None:
-            checkpoint.load_weights(resume, self.model.module, info)
-            state = checkpoint.load_trainer(resume, self.optimizer, info)
-            self.step, self.skipped = state["step"], state.get("skipped", 0)
-            self.log.console(f"resumed from {resume} at step {self.step}")
-        elif cfg.init_from:
-            from infir.model import ckpt_format
-
-            src = ckpt_format.resolve(cfg.init_from)
-            checkpoint.load_weights(src, self.model.module, info)
-            self.log.console(f"initialised weights from {src}")
+        self.step, self.skipped = self._start()
         self._stop_signal = None
 
-    def _build_optimizer(self, groups):
-        """`optimizer=` by name from infir.optim's registry (torch AdamW for `adamw`).
+    def _start(self) -> tuple[int, int]:
+        """(step, skipped steps) to start at: a checkpoint of this run dir resumes it, and wins over
+        init_from (the weights of an earlier stage)."""
+        resume = checkpoint.find_resume(self.ckpt_root)
+        if resume is not None:
+            checkpoint.load_weights(resume, self.model.module, self.info)
+            state = checkpoint.load_trainer(resume, self.optimizer, self.info)
+            self.log.console(f"resumed from {resume} at step {state['step']}")
+            return state["step"], state.get("skipped", 0)
+        if self.cfg.init_from:
+            from infir.model import ckpt_format
 
-        torch AdamW steps on `.grad`, which we point at DDP's FP32 `main_grad`; infir.optim's
-        optimizers read `main_grad` themselves (their params are BF16, so `.grad` cannot hold it).
-        """
-        from infir.optim import build_optimizer
-
-        st, oc = self.cfg.stage, self.cfg.optimizer
-        self.grads_in_dot_grad = oc.name == "adamw"
-        return build_optimizer(oc.name, groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps, **oc.get("kwargs", {}))
+            src = ckpt_format.resolve(self.cfg.init_from)
+            checkpoint.load_weights(src, self.model.module, self.info)
+            self.log.console(f"initialised weights from {src}")
+        return 0, 0
 
     def _on_signal(self, signum, frame):
         self._stop_signal = signal.Signals(signum).name
@@ -190,7 +200,15 @@ class Trainer:
         return out if self.model.module.chunked_loss else (out.float() * mb["loss_mask"]).sum()
 
     def train_step(self, step: int) -> dict:
-        micro_batches = self._micro_batches(step)
+        loss = self._forward_backward(self._micro_batches(step))
+        grad_norm = self._grad_norm()
+        finite = math.isfinite(loss) and math.isfinite(grad_norm)
+        if finite:
+            self._optimizer_step(step, grad_norm)
+        return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": self.lr(step)}
+
+    def _forward_backward(self, micro_batches: list[dict]) -> float:
+        """Gradients of the global batch's token-mean loss in DDP's `main_grad`, reduced over DP; the loss."""
         # Normalise by the global batch's loss tokens, so accumulation and DP give the exact token mean.
         n_tokens = torch.stack([mb["loss_mask"].sum() for mb in micro_batches]).sum()
         dist.all_reduce(n_tokens, group=self._dp_group())
@@ -206,31 +224,32 @@ class Trainer:
 
         finalize_model_grads([self.model])  # DP all-reduce, plus TP all-reduce of sequence-parallel norm grads
         dist.all_reduce(loss_sum, group=self._dp_group())
-        loss = (loss_sum / n_tokens).item()
-        grad_norm = self._grad_norm()
-        finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        if finite:
-            clip = self.cfg.stage.grad_clip
-            if self.grads_in_dot_grad:
-                for p in self.params:
-                    p.grad = p.main_grad
-            if clip and grad_norm > clip:
-                coef = clip / (grad_norm + 1e-6)
-                if getattr(self.optimizer, "defaults", {}).get("fused") and self.grads_in_dot_grad:
-                    # torch's fused Adam divides the gradients by `grad_scale` inside its kernel:
-                    # the clip costs no extra pass over the gradients.
-                    self.optimizer.grad_scale = torch.full((), 1.0 / coef, device=self.device)
-                else:
-                    torch._foreach_mul_([p.main_grad for p in self.params], coef)
-            lr = self.lr(step)
-            for g in self.optimizer.param_groups:
-                g["lr"] = lr
-            self.optimizer.step()
-            self.optimizer.grad_scale = None
+        return (loss_sum / n_tokens).item()
+
+    def _optimizer_step(self, step: int, grad_norm: float) -> None:
+        if not self.optimizer_spec.reads_main_grad:
             for p in self.params:
-                p.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
-            precision.after_optimizer_step(self.model.module, lr)
-        return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": self.lr(step)}
+                p.grad = p.main_grad
+        self._clip(grad_norm)
+        lr = self.lr(step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.grad_scale = None
+        for p in self.params:
+            p.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
+        precision.after_optimizer_step(self.model.module, lr)
+
+    def _clip(self, grad_norm: float) -> None:
+        """Scale the gradients to a norm of stage.grad_clip when they exceed it."""
+        clip = self.cfg.stage.grad_clip
+        if not clip or grad_norm <= clip:
+            return
+        coef = clip / (grad_norm + 1e-6)
+        if self.optimizer_spec.clips_in_step(self.optimizer):
+            self.optimizer.grad_scale = torch.full((), 1.0 / coef, device=self.device)
+        else:
+            torch._foreach_mul_([p.main_grad for p in self.params], coef)
 
     def _dp_group(self):
         from megatron.core import parallel_state as ps
@@ -321,64 +340,81 @@ class Trainer:
                 signal.signal(sig, handler)
 
     def _train_loop(self) -> dict:
-        cfg, tr = self.cfg, self.cfg.train
+        tr = self.cfg.train
         self._summary("running")
         self.log.console(
-            f"{cfg.run_name}: {self.size.num_params() / 1e6:.1f}M params, tp={self.info.tp} dp={self.info.dp}, "
+            f"{self.cfg.run_name}: {self.size.num_params() / 1e6:.1f}M params, tp={self.info.tp} dp={self.info.dp}, "
             f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.name}"
         )
-        start_step, launch_steps = self.step, 0
-        window_t, window_steps = time.perf_counter(), 0
-        last = {}
+        launch_steps, window, last = 0, _Window(), {}
         while self.step < self.total_iters:
-            self.health.begin_step(self.step + 1)
-            out = self.train_step(self.step)
-            health, warnings = self.health.end_step(self.step + 1)
-            if health:
-                self.log.log({"step": self.step + 1, **health})
-                for w in warnings:
-                    self.log.console(f"WARNING fp8 health, step {self.step + 1}: {w}")
+            out = self._monitored_step()
             if not out["finite"]:
                 self._handle_non_finite(out)
                 continue
             self.step += 1
             self.gc.after_step(self.step)
             launch_steps += 1
-            window_steps += 1
+            window.steps += 1
             last = {"loss": out["loss"], "grad_norm": out["grad_norm"]}
-            if self.step % tr.log_interval == 0 or self.step == self.total_iters:
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - window_t
-                rec = self._throughput(window_steps, dt)
-                rec.update(step=self.step, consumed_tokens=self.step * self.tokens_per_step, loss=out["loss"], lr=out["lr"], grad_norm=out["grad_norm"])
-                self.log.log(rec)
-                eta = (self.total_iters - self.step) * dt / window_steps
-                mfu = f" | MFU {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
-                self.log.console(
-                    f"step {self.step}/{self.total_iters} | loss {out['loss']:.4f} | lr {out['lr']:.2e} | gnorm {out['grad_norm']:.3f} | "
-                    f"{format_si(rec['tokens_per_s'])} tok/s | {rec['tflops']:.1f} TFLOP/s/GPU{mfu} | ETA {format_duration(eta)}"
-                )
-                window_t, window_steps = time.perf_counter(), 0
-            if tr.eval_interval and (self.step % tr.eval_interval == 0 or self.step == self.total_iters):
-                val = self.validate()
-                if val is not None:
-                    self.log.log({"step": self.step, "consumed_tokens": self.step * self.tokens_per_step, "val_loss": val})
-                    self.log.console(f"step {self.step} | validation loss {val:.4f}")
-                    last["val_loss"] = val
+            if self._due(tr.log_interval):
+                self._log_progress(out, window)
+            if tr.eval_interval and self._due(tr.eval_interval):
+                last.update(self._log_validation())
             stop = self._stop_signal or (tr.exit_after and launch_steps >= tr.exit_after)
-            if self.step % tr.save_interval == 0 or self.step == self.total_iters or stop:
+            if self._due(tr.save_interval) or stop:
                 self.save()
                 self.log.plot()
             if stop:
                 self.log.console(f"stopping at step {self.step} ({self._stop_signal or 'train.exit_after'}); rerun the same command to resume")
                 self._summary("interrupted", **last)
                 return last
-            window_t = window_t if window_steps else time.perf_counter()
+            if not window.steps:  # validation and checkpoints stay out of the next window's time
+                window.restart()
         self._summary("finished", **last, **self._final_rates())
         self.log.plot()
         self.log.finish()
         return last
+
+    def _due(self, interval: int) -> bool:
+        """Every `interval` steps, and at the last step."""
+        return self.step % interval == 0 or self.step == self.total_iters
+
+    def _monitored_step(self) -> dict:
+        """train_step, with the FP8 health readings of the steps the monitor samples."""
+        self.health.begin_step(self.step + 1)
+        out = self.train_step(self.step)
+        health, warnings = self.health.end_step(self.step + 1)
+        if health:
+            self.log.log({"step": self.step + 1, **health})
+            for w in warnings:
+                self.log.console(f"WARNING fp8 health, step {self.step + 1}: {w}")
+        return out
+
+    def _log_progress(self, out: dict, window: "_Window") -> None:
+        """One progress line (and metrics record) over the steps since the last one."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - window.start
+        rec = self._throughput(window.steps, dt)
+        rec.update(step=self.step, consumed_tokens=self.step * self.tokens_per_step, loss=out["loss"], lr=out["lr"], grad_norm=out["grad_norm"])
+        self.log.log(rec)
+        eta = (self.total_iters - self.step) * dt / window.steps
+        mfu = f" | MFU {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
+        self.log.console(
+            f"step {self.step}/{self.total_iters} | loss {out['loss']:.4f} | lr {out['lr']:.2e} | gnorm {out['grad_norm']:.3f} | "
+            f"{format_si(rec['tokens_per_s'])} tok/s | {rec['tflops']:.1f} TFLOP/s/GPU{mfu} | ETA {format_duration(eta)}"
+        )
+        window.restart()
+
+    def _log_validation(self) -> dict:
+        """{"val_loss": ...} after logging it, or {} without validation data."""
+        val = self.validate()
+        if val is None:
+            return {}
+        self.log.log({"step": self.step, "consumed_tokens": self.step * self.tokens_per_step, "val_loss": val})
+        self.log.console(f"step {self.step} | validation loss {val:.4f}")
+        return {"val_loss": val}
 
     def _throughput(self, steps: int, seconds: float) -> dict:
         tps = steps * self.tokens_per_step / max(seconds, 1e-9)
@@ -412,3 +448,13 @@ class Trainer:
             "Lower stage.lr, check the data, try precision=bf16 to rule out FP8 overflow, "
             "or set train.on_nan=skip to skip such steps."
         )
+
+
+class _Window:
+    """The steps and wall time since the last progress line."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.steps = time.perf_counter(), 0

@@ -17,13 +17,13 @@ def build_recipe(precision) -> Recipe:
     """The Recipe of a `precision` config node (conf/precision/*.yaml). Raises ValueError naming the key."""
     name = precision.recipe
     if name not in RECIPES:
-        raise ValueError(f"precision.recipe={name!r} is not valid; expected one of {sorted(RECIPES)}")
+        raise ValueError(f"precision.recipe={name!r} is not valid: expected one of {sorted(RECIPES)}")
     recipe = RECIPES[name]
-    swiglu_fp8 = bool(precision.get("fp8_swiglu_input", False))
+    swiglu_fp8 = bool(precision.fp8_swiglu_input)
     if swiglu_fp8 and not recipe.fp8:
         fp8 = sorted(n for n, r in RECIPES.items() if r.fp8)
         raise ValueError(f"precision.fp8_swiglu_input=true is not valid with precision.recipe={name} (it quantizes no "
-                         f"GEMM); expected false, or an FP8 recipe: {', '.join(fp8)}")
+                         f"GEMM): expected false, or an FP8 recipe: {', '.join(fp8)}")
     return recipe.with_swiglu_input(swiglu_fp8) if recipe.fp8 else recipe
 
 

@@ -177,7 +177,7 @@ def test_fp8_swiglu_input_needs_an_fp8_recipe(tmp_path):
     from infir.train.config import ConfigError, validate
 
     with pytest.raises(ConfigError, match="precision.fp8_swiglu_input"):
-        validate(compose(["precision=bf16", "+precision.fp8_swiglu_input=true", f"run_dir={tmp_path}"]))
+        validate(compose(["precision=bf16", "precision.fp8_swiglu_input=true", f"run_dir={tmp_path}"]))
 
 
 def test_compiled_fp8_full_recompute_gives_the_same_steps(demo_root, tmp_path):

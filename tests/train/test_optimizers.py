@@ -31,3 +31,22 @@ def test_memory_efficient_optimizer_trains_like_adamw_and_resumes_exactly(demo_r
     run_train([*FAST, f"data.root={demo_root}", f"run_dir={split}", f"optimizer={optimizer}"])
     resumed = losses(split)
     assert [resumed[s] for s in range(1, 17)] == [curve[s] for s in range(1, 17)]
+
+
+def test_each_optimizer_declares_what_the_trainer_needs():
+    import inspect
+
+    import torch
+
+    from infir.optim import OPTIMIZERS, optimizer_spec
+    from infir.train import loop
+
+    adamw = optimizer_spec("adamw")  # FP32 masters, steps on .grad, clips inside its fused kernel
+    assert adamw.param_dtype == torch.float32 and not adamw.reads_main_grad
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert adamw.clips_in_step(torch.optim.AdamW(params, fused=True))
+    assert not adamw.clips_in_step(torch.optim.AdamW(params, fused=False))
+    for name in set(OPTIMIZERS) - {"adamw"}:  # BF16 weights that read main_grad themselves
+        spec = optimizer_spec(name)
+        assert spec.param_dtype == torch.bfloat16 and spec.reads_main_grad and not spec.fused_grad_scale, name
+    assert not any(f'"{name}"' in inspect.getsource(loop) for name in OPTIMIZERS)  # the loop tests no names
