@@ -91,7 +91,7 @@ def tokenize_shard(shard: Shard, out_prefix: str, tok: TextTokenizer, text_key: 
 
 
 # Worker state. The parent loads the tokenizer once and the forked workers inherit it: loading
-# Qwen's 151k-token vocabulary (and checking its tiktoken twin) takes about a second, which per
+# Qwen's 151k-token vocabulary (and checking its tiktoken twin) is slow enough that doing it per
 # worker would eat the fast path's gain on all but huge inputs.
 _WORKER: dict = {}
 
@@ -278,7 +278,7 @@ def _merge(jobs, results: dict[str, dict], output_prefix: str, tok: TextTokenize
     builder = megatron_indexed().IndexedDatasetBuilder(output_prefix + ".bin", dtype=token_dtype(tok.vocab_size))
     skipped: Counter = Counter()
     skipped_lines = []
-    # add_index runs gc.collect() per shard, a full heap walk (~1 s with torch imported); freezing
+    # add_index runs gc.collect() per shard, a full heap walk (slow once torch is imported); freezing
     # the objects that exist now leaves it only the merge's own garbage to look at.
     gc.freeze()
     try:

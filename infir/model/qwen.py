@@ -41,7 +41,7 @@ class QwenSize:
 
 
 SIZES: dict[str, QwenSize] = {
-    # 4 layers, GQA 4:2, vocab of the demo BPE tokenizer: ~1.6M params, a few ms a step on CPU.
+    # 4 layers, GQA 4:2, vocab of the demo BPE tokenizer: ~1.6M params, small enough to train on CPU.
     "tiny": QwenSize(hidden=128, layers=4, heads=4, kv_heads=2, ffn=352, vocab=8192, tied=True, max_positions=2048),
     # Qwen2.5-0.5B's layer shape at half its depth, on the demo vocabulary: ~180M params, for loss-parity runs.
     "small-180m": QwenSize(hidden=896, layers=12, heads=14, kv_heads=2, ffn=4864, vocab=8192, tied=True, max_positions=4096),
