@@ -61,11 +61,11 @@ def emit(title: str, sections: list[str], out: str | None) -> str:
 
 def bench_ms(fn, warmup: int = 10, rep: int = 50, min_reps: int = 10) -> float:
     """Median time of fn in milliseconds (CUDA events through triton.testing.do_bench), over at
-    least min_reps runs. do_bench sizes its runs by time alone (rep ms, warmup ms): at rep=50 a
-    20 ms fwd+bwd was the median of 2 timed runs. The run that sizes them is fn's second: a first
-    call that builds kernels, autotunes or compiles is slow, and do_bench's warm-up and repeat times
-    (2x and 10x the estimate) then held an eager 1024-token FP8 fwd+bwd, whose first call built the
-    CUDA kernels, past 600 s."""
+    least min_reps runs. do_bench sizes its runs by time alone (rep ms, warmup ms), so a call that
+    takes a sizeable fraction of rep would get the median of only a couple of timed runs. The run
+    that sizes them is fn's second: a first call that builds kernels, autotunes or compiles is slow,
+    and do_bench's warm-up and repeat times (2x and 10x the estimate) would then stretch an eager
+    FP8 fwd+bwd whose first call builds the CUDA kernels past any time limit."""
     import triton.testing
 
     fn()
@@ -88,8 +88,8 @@ def kernel_times_us(fn, reps: int = 5) -> dict[str, tuple[float, int]]:
 
     # Kineto tears CUPTI down after each session and re-initialises it lazily at the next. torch keeps it up
     # under CUDA graphs only for CUDA < 12.6, and hangs of the profiler over graph replays are reported
-    # (tritonbench issue 413). The callers here profile graph replays, session after session, so CUPTI stays
-    # up: a precaution, as no hang of this kind was seen here.
+    # upstream (tritonbench). The callers here profile graph replays, session after session, so CUPTI stays
+    # up: a precaution against that hang, not a fix of one seen here.
     os.environ.setdefault("TEARDOWN_CUPTI", "0")
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

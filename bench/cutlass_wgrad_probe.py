@@ -1,10 +1,11 @@
 """The FP8 wgrad GEMM (1x128 x 1x128 scales along the tokens, added into FP32) through CUTLASS's Hopper
 blockwise-scaled kernels, against cuBLASLt's algorithm that infir runs (kernels/lt_wgrad.cu).
 
-Why: at 7B gate_up that GEMM takes 4.69 ms against 7.21 ms for fprop and dgrad together, the same FLOPs
-each (bench/linear_kernels.py), and cuBLASLt offers nothing faster for these scales (bench/wgrad_lt.py). CUTLASS ships the same product as
-templates (examples/67, groupwise); this times three of its schedules, built from bench/cutlass_wgrad_probe.cu
-against the headers of PyPI's `nvidia-cutlass` wheel, at bench/linear.py's projection shapes.
+Why: at 7B gate_up that GEMM is the slowest of the three, well behind fprop and dgrad for the same
+FLOPs (bench/linear_kernels.py times them), and cuBLASLt offers nothing faster for these scales
+(bench/wgrad_lt.py). CUTLASS ships the same product as templates (examples/67, groupwise); this times
+three of its schedules, built from bench/cutlass_wgrad_probe.cu against the headers of PyPI's
+`nvidia-cutlass` wheel, at bench/linear.py's projection shapes.
 
   pip install --no-deps nvidia-cutlass   # headers only; or pass --cutlass-root
   python bench/cutlass_wgrad_probe.py --out /root/out/cutlass_wgrad.md

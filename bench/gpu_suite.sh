@@ -15,7 +15,7 @@
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
-#   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 ran out of memory)
+#   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 do not fit its memory)
 # Several stages may be named in one call. Each stage's log, report (NAME.md) and result file (NAME.json: the
 # report's figures with device, versions, commit, date and command; parity also NAME.png) go to $OUT, by default
 # bench/results/<date>-<commit>/, the folder for this run (where $OUT is elsewhere, copy them there); then

@@ -1,6 +1,6 @@
 """The peer bar of bench/step.py: HF transformers' Qwen2ForCausalLM at one of our sizes, trained the
-way the bar in the FP8 issue was measured (per-layer torch.compile, BF16 autocast over FP32 master
-weights, fused AdamW, SDPA attention), in BF16 or with torchao's float8 training on the block
+way the peer bar is defined (per-layer torch.compile, BF16 autocast over FP32 master weights,
+fused AdamW, SDPA attention), in BF16 or with torchao's float8 training on the block
 linears (`hf_torchao_tensorwise`, the peer our blockwise FP8 is held against; LM head and
 embedding stay BF16 as in ours). Synthetic tokens; one fixed batch, since only speed is read.
 """

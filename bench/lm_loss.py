@@ -100,18 +100,11 @@ def rel(a, b):
 
 def model_step(name: str, seq: int, chunk: int) -> list[dict]:
     """Whole-model fwd+bwd (no optimizer, no per-layer compile) with megatron's loss path vs the chunked one."""
-    import megatron.core.models.gpt as mgpt
-
-    from infir.model.gpt import InfirGPTModel
     from infir.model.qwen import build_gpt, get_size, transformer_config
 
     size = get_size(name)
     cfg = transformer_config(size, params_dtype=torch.float32, cpu_init=False, fusions=True)
-    original, mgpt.GPTModel = mgpt.GPTModel, InfirGPTModel  # what build_gpt will construct once wired
-    try:
-        model = build_gpt(size, cfg, seq_length=seq).cuda()
-    finally:
-        mgpt.GPTModel = original
+    model = build_gpt(size, cfg, seq_length=seq).cuda()
     g = torch.Generator(device="cuda").manual_seed(0)
     tokens = torch.randint(0, size.vocab, (MICRO_BATCH, seq + 1), device="cuda", generator=g)
     inputs, labels = tokens[:, :-1], tokens[:, 1:]

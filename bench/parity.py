@@ -8,8 +8,8 @@ log to W&B groups keyed by model+stage (logger=wandb_offline), so one dashboard 
     python bench/parity.py --steps 1000 --recipes bf16 fp8_blockwise_ue8m0 fp8_blockwise_fp32 fp8_tensorwise moss
 
 `--jobs N` trains up to N recipes at once, each in its own process: a ~180M model leaves most of an
-H100 idle, so five recipes share one GPU in about the time of two. The numbers do not depend on it
-(each run has its own seed-determined data order and no cross-process state). `--seeds A B C` trains
+H100 idle, so recipes that share one GPU finish much sooner than one after another. The numbers do
+not depend on it (each run has its own seed-determined data order and no cross-process state). `--seeds A B C` trains
 every recipe once per seed and reports each gap as the mean over seed-paired runs, with its spread
 and BF16's own seed-to-seed spread: at these sizes one seed's gap moves by about the 1% target.
 """
@@ -108,8 +108,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--seq", type=int, default=512)
     # 1000 steps x 4 x 512 = 2.0M tokens: within one pass over the demo text (~2.8M tokens), so the
-    # training loss is a held-out loss. At 32 sequences a step the runs saw the text ~6 times and the
-    # "gap" measured how fast each recipe memorised it (train 0.76 vs validation 4.99), not its quality.
+    # training loss is a held-out loss. At 32 sequences a step the runs would see the text several times
+    # and the "gap" would measure how fast each recipe memorises it, not its quality.
     p.add_argument("--global-batch", type=int, default=4)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--lr", type=float, default=6e-4)

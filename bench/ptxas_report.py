@@ -1,6 +1,6 @@
 """Registers, stack and spills of quant_both.cu's kernels, on a machine with no GPU and no nvcc.
 
-Before a kernel change goes to a lent GPU, ptxas says whether it still fits the registers its
+Before a kernel change is run on a GPU, ptxas says whether it still fits the registers its
 __launch_bounds__ allow and whether it spills (the run would only show a slower kernel). NVRTC compiles the
 file's device code (everything before its first host launcher) to PTX for sm_90a, and ptxas -v reports
 on each kernel named. Both come from NVIDIA's PyPI wheels, unpacked into one directory:
@@ -10,8 +10,8 @@ on each kernel named. Both come from NVIDIA's PyPI wheels, unpacked into one dir
     for w in /tmp/nvw/*.whl; do python3 -m zipfile -e $w /tmp/cuda; done; chmod +x /tmp/cuda/nvidia/cuda_nvcc/bin/ptxas
     python bench/ptxas_report.py --cuda /tmp/cuda
 
-The report is 12.8's; the device machine builds with its own nvcc (13.0), whose figures may differ a little
-(`cuobjdump --dump-resource-usage` on the built library gives those there).
+The report is 12.8's; a GPU host that builds with another nvcc may get slightly different figures
+(`cuobjdump --dump-resource-usage` on the library it built gives those there).
 """
 import argparse
 import ctypes

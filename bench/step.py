@@ -57,8 +57,8 @@ def gemm_ceiling(size, tokens: int, tp: int = 1) -> float:
 
 def fp8_gemm_speedup(size, tokens: int, tp: int = 1, rounds: int = 5) -> float:
     """r: time of the block GEMMs (fwd shapes) in BF16 over blockwise FP8 (scaled_mm, UE8M0), summed.
-    Each shape's two sides are timed in turn `rounds` times and each side's median kept: at 0.5B, one
-    timing of each gave r from 1.16 to 1.40 between runs, which moved the ceiling from 1.05x to 1.11x."""
+    Each shape's two sides are timed in turn `rounds` times and each side's median kept: with one
+    timing of each, r (and the ceiling with it) varied noticeably between runs at 0.5B."""
     from infir.fp8 import fp8_gemm, quantize
 
     bf16_ms = fp8_ms = 0.0

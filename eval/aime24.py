@@ -1,5 +1,5 @@
 """AIME 2024: 30 integer-answer problems. HF dataset `HuggingFaceH4/aime_2024` (split train; fields
-id, problem, solution, answer). Reference sampling (DESIGN.md): 32 samples, up to 31,000 new tokens."""
+id, problem, solution, answer). Reference sampling (eval/README.md): 32 samples, up to 31,000 new tokens."""
 from pathlib import Path
 
 from infir.eval.benchmarks import Benchmark, Problem, Sampling

@@ -1,6 +1,6 @@
 """AIME 2025 (I and II): 30 integer-answer problems. HF dataset `opencompass/AIME2025` (the one
 EvalScope uses; configs AIME2025-I and AIME2025-II, split test; fields question, answer).
-Reference sampling (DESIGN.md): 32 samples, up to 31,000 new tokens."""
+Reference sampling (eval/README.md): 32 samples, up to 31,000 new tokens."""
 from pathlib import Path
 
 from infir.eval.benchmarks import Benchmark, Problem, Sampling

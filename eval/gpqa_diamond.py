@@ -1,7 +1,7 @@
 """GPQA-Diamond: 198 graduate-level four-option questions. HF dataset `Idavidrein/gpqa` (gated:
 accept its terms and `huggingface-cli login` once; config gpqa_diamond, split train; fields
 Question, Correct Answer, Incorrect Answer 1..3, Record ID). The options are shuffled per problem
-with the run's seed. Reference sampling (DESIGN.md): 8 samples, up to 26,000 new tokens."""
+with the run's seed. Reference sampling (eval/README.md): 8 samples, up to 26,000 new tokens."""
 from pathlib import Path
 
 from infir.eval.benchmarks import Benchmark, Problem, Sampling

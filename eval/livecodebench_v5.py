@@ -4,7 +4,7 @@ HF dataset `livecodebench/code_generation_lite`, read as its raw files test.json
 (release_v5 is the union of v1..v5 files; split train when read by file). Fields: question_id,
 question_content, starter_code, contest_date, public_test_cases (JSON), private_test_cases (JSON or
 base64(zlib(pickle(JSON)))), metadata (JSON with func_name for LeetCode-style problems).
-Reference sampling (DESIGN.md): 8 samples, up to 27,000 new tokens."""
+Reference sampling (eval/README.md): 8 samples, up to 27,000 new tokens."""
 import json
 from pathlib import Path
 

@@ -1,9 +1,9 @@
 """Launching a compiled Triton kernel without Triton's per-call Python machinery.
 
 `kernel[grid](*args)` re-binds arguments, computes the specialization key and looks up the cache on
-every call: tens of microseconds of host time, which dominated our small-kernel paths (the FP8
-quantizers per linear, the optimizer's one launch per parameter). `Launch` goes through that path
-once, then calls the compiled kernel's launcher directly. Shared by infir.fp8.kernels and
+every call: host time that dominated our small-kernel paths (the FP8 quantizers per linear, the
+optimizer's one launch per parameter; bench/quant.py --host times it). `Launch` goes through that
+path once, then calls the compiled kernel's launcher directly. Shared by infir.fp8.kernels and
 infir.optim, whose kernels it launches.
 """
 from __future__ import annotations

@@ -8,7 +8,8 @@ Layouts: `single` (1 rank), `tp2` (2 ranks, parallel=tp2: tensor + sequence para
 parallel=single: data parallel). Every layout sees the same global batch, so the loss curves must agree
 up to reduction order (bf16: ~1e-2 relative; fp32: ~1e-5). The table gives per layout: steps compared,
 max relative loss difference vs single, final loss, median tokens/s after warm-up and ratio vs single,
-peak memory; headed by device, versions, the exact command and the date (BENCHMARKS.md's rule).
+peak memory; headed by device, versions, the exact command and the date: what a reader needs to
+compare the figures with other runs and to reproduce them.
 A layout whose run dir already holds a finished run is not re-run.
 """
 from __future__ import annotations

@@ -4,7 +4,8 @@
 - `infir.model` imports nothing of `infir.train` (data flows conf -> train -> model/data -> fp8/optim);
 - no two modules import each other, directly or through others;
 - no class is made at run time with `type(name, bases, dict)`;
-- no private name (`_x`) is imported from another package.
+- no private name (`_x`) is imported from another package;
+- no function or method is longer than 60 lines (decorators aside, docstring included).
 """
 from __future__ import annotations
 
@@ -120,6 +121,19 @@ def test_no_private_names_across_packages():
                         if n.startswith("_") and not n.startswith("__")]
     assert not bad, "\n".join(bad)
 
+
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_library_function_over_60_lines():
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {length}")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into named helpers):\n" + "\n".join(long)
 
 def test_the_rules_see_imports_inside_functions(tmp_path):
     """The reader itself: an import inside a function body counts like a module-level one."""

@@ -6,10 +6,13 @@ CPT -> SFT1 -> SFT2 -> eval pipeline reads, idempotently.
 """
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Iterator
 
-from infir.data.arithmetic import EVAL_SEED, arithmetic_problems, as_text, is_eval_seed  # noqa: F401
+from infir.data import DEMO_TOKENIZER
+from infir.data.arithmetic import EVAL_SEED, arithmetic_problems, as_chat, as_text, is_eval_seed  # noqa: F401
 from infir.data.bpe import save_hf_directory, train_bpe
 from infir.data.shakespeare import shakespeare_documents
 
@@ -59,8 +62,6 @@ DEMO_MIXTURE = {
 
 
 def _write_jsonl(path: Path, rows) -> Path:
-    import json
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
@@ -80,28 +81,36 @@ def ensure_demo_data(root: Path, workers: int | None = None, progress: bool = Tr
     jsonl), ``tokenizer`` (the demo tokenizer directory). A rerun with everything in place returns
     at once (``root/manifest.json``).
     """
-    import json
-    import os
-
-    from infir.data import DEMO_TOKENIZER
     from infir.data.tokenizer import load_tokenizer
 
     root = Path(root)
     manifest_path = root / "manifest.json"
-    tok = load_tokenizer(DEMO_TOKENIZER)
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
-        if manifest.get("version") == DEMO_DATA_VERSION and manifest.get("tokenizer") == tok.fingerprint \
-                and all(Path(p).exists() for p in manifest["files"]):
-            return manifest["paths"]
-
-    # Imported only when there is work to do: they pull in megatron, torch and transformers.
-    from infir.data.arithmetic import as_chat
-    from infir.data.mixture import parse_mixture, write_resolved
-    from infir.data.sft import prepare_sft
-    from infir.data.tokenize_corpus import tokenize_to_indexed
+    tokenizer_fingerprint = load_tokenizer(DEMO_TOKENIZER).fingerprint
+    built = _built_paths(manifest_path, tokenizer_fingerprint)
+    if built is not None:
+        return built
 
     workers = workers or min(2, os.cpu_count() or 1)
+    eval_path = _write_raw_sources(root)
+    _build_datasets(root, workers, progress)
+    paths = _demo_paths(root, eval_path)
+    _write_manifest(manifest_path, paths, tokenizer_fingerprint)
+    return paths
+
+
+def _built_paths(manifest_path: Path, tokenizer_fingerprint: str) -> dict | None:
+    """The paths of an earlier build, if its manifest matches this version and tokenizer and all its files exist."""
+    if not manifest_path.is_file():
+        return None
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("version") == DEMO_DATA_VERSION and manifest.get("tokenizer") == tokenizer_fingerprint \
+            and all(Path(p).exists() for p in manifest["files"]):
+        return manifest["paths"]
+    return None
+
+
+def _write_raw_sources(root: Path) -> Path:
+    """The text and chat sources as jsonl under ``root/raw``, and the eval problems; returns the eval path."""
     docs = list(shakespeare_documents())
     raw = root / "raw"
     _write_jsonl(raw / "shakespeare_train.jsonl", ({"text": d["text"]} for i, d in enumerate(docs) if i % VALID_EVERY))
@@ -110,18 +119,28 @@ def ensure_demo_data(root: Path, workers: int | None = None, progress: bool = Tr
                  ({"text": as_text(p)} for p in arithmetic_problems(REASONING_PROBLEMS, REASONING_SEED)))
     _write_jsonl(raw / "sft1.jsonl", ({"messages": as_chat(p)} for p in arithmetic_problems(SFT1_PROBLEMS, SFT1_SEED, steps=(1,))))
     _write_jsonl(raw / "sft2.jsonl", ({"messages": as_chat(p)} for p in arithmetic_problems(SFT2_PROBLEMS, SFT2_SEED)))
-    eval_path = _write_jsonl(root / "eval" / "demo_arith.jsonl", arithmetic_problems(EVAL_PROBLEMS, EVAL_SEED))
+    return _write_jsonl(root / "eval" / "demo_arith.jsonl", arithmetic_problems(EVAL_PROBLEMS, EVAL_SEED))
 
-    pre = root / "pretrain"
+
+def _build_datasets(root: Path, workers: int, progress: bool) -> None:
+    """Tokenize the raw sources into the indexed CPT and SFT sets and resolve the CPT mixture."""
+    # Imported only when there is work to do: they pull in megatron, torch and transformers.
+    from infir.data.mixture import parse_mixture, write_resolved
+    from infir.data.sft import prepare_sft
+    from infir.data.tokenize_corpus import tokenize_to_indexed
+
+    raw, pre, sft = root / "raw", root / "pretrain", root / "sft"
     for name in ("shakespeare_train", "shakespeare_valid", "arithmetic"):
         tokenize_to_indexed([raw / f"{name}.jsonl"], pre / name, DEMO_TOKENIZER, workers=workers, progress=progress)
-    sft = root / "sft"
     for name in ("sft1", "sft2"):
         prepare_sft(raw / f"{name}.jsonl", sft / name, DEMO_TOKENIZER, SFT_SEQ_LENGTH, progress=progress)
     phases = parse_mixture(DEMO_MIXTURE, root)
     write_resolved(phases, root / "mixture.yaml", name=DEMO_MIXTURE["name"])
 
-    paths = {
+
+def _demo_paths(root: Path, eval_path: Path) -> dict:
+    pre, sft = root / "pretrain", root / "sft"
+    return {
         # What stage=cpt reads: the phased mixture (general, then more reasoning), run in order.
         "pretrain": str(root / "mixture.yaml"),
         "shakespeare": str(pre / "shakespeare_train"),
@@ -133,9 +152,12 @@ def ensure_demo_data(root: Path, workers: int | None = None, progress: bool = Tr
         "eval": str(eval_path),
         "tokenizer": str(DEMO_TOKENIZER),
     }
+
+
+def _write_manifest(manifest_path: Path, paths: dict, tokenizer_fingerprint: str) -> None:
+    """Record the build and every file it must find again for a rerun to skip it."""
     files = [p + ext for k, p in paths.items() if k not in ("pretrain", "mixture", "eval", "tokenizer")
              for ext in (".bin", ".idx")]
     files += [paths["mixture"], paths["eval"]]
-    manifest_path.write_text(json.dumps({"version": DEMO_DATA_VERSION, "tokenizer": tok.fingerprint,
+    manifest_path.write_text(json.dumps({"version": DEMO_DATA_VERSION, "tokenizer": tokenizer_fingerprint,
                                          "paths": paths, "files": files}, indent=2) + "\n")
-    return paths

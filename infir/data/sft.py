@@ -56,6 +56,30 @@ def prepare_sft(
     fmt = ChatFormatter(tokenizer_dir)
     output_prefix = str(output_prefix)
     Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
+    counts, skipped, skipped_lines = _write_samples(input_path, output_prefix, fmt, seq_length, overlong, progress)
+    stats = {
+        "output": output_prefix, "seq_length": seq_length, "overlong": overlong,
+        "samples": counts["samples"], "tokens": counts["tokens"], "loss_tokens": counts["loss_tokens"],
+        "truncated": counts["truncated"], "skipped": dict(skipped),
+        "skipped_examples": [f"{e['file']}:{e['line']}: {e['reason']}" for e in skipped_lines[:50]],
+        "chat_template": "fallback ChatML" if fmt.uses_fallback_template else "tokenizer's own",
+        "tokenizer": fmt.tok.fingerprint,
+        "pad_id": fmt.tok.eod,  # fills the tail of packed rows (masked out of the loss)
+    }
+    with open(output_prefix + ".skipped.jsonl", "w") as f:
+        for e in skipped_lines:
+            f.write(json.dumps(e) + "\n")
+    _atomic_write_json(Path(output_prefix + ".stats.json"), stats)
+    return stats
+
+
+def _write_samples(input_path: Path, output_prefix: str, fmt: ChatFormatter, seq_length: int, overlong: str,
+                   progress: bool) -> tuple[Counter, Counter, list[dict]]:
+    """Write every usable row of the jsonl to PREFIX and PREFIX.lossmask, one sequence each.
+
+    Returns the counts (samples, tokens, loss_tokens, truncated), the skipped rows by reason, and
+    one entry (file, line, reason) per skipped row.
+    """
     idx = megatron_indexed()
     dtype = token_dtype(fmt.tok.vocab_size)
     tokens_out = idx.IndexedDatasetBuilder(output_prefix + ".bin", dtype=dtype)
@@ -71,14 +95,7 @@ def prepare_sft(
             bar.update()
             if reason is None:
                 try:
-                    ids, mask = fmt.encode(to_messages(row))
-                    if len(ids) - 1 > seq_length:
-                        if overlong == "drop":
-                            raise BadSample(f"longer than seq_length ({len(ids)} tokens > {seq_length + 1})")
-                        ids, mask = ids[:seq_length + 1], mask[:seq_length + 1]
-                        counts["truncated"] += 1
-                    if not any(mask[1:]):
-                        raise BadSample("no assistant token within seq_length")
+                    ids, mask = _encode_sample(fmt, row, seq_length, overlong, counts)
                 except BadSample as err:
                     reason = str(err)
             if reason is not None:
@@ -93,20 +110,25 @@ def prepare_sft(
     bar.close()
     tokens_out.finalize(output_prefix + ".idx")
     masks_out.finalize(mask_prefix(output_prefix) + ".idx")
-    stats = {
-        "output": output_prefix, "seq_length": seq_length, "overlong": overlong,
-        "samples": counts["samples"], "tokens": counts["tokens"], "loss_tokens": counts["loss_tokens"],
-        "truncated": counts["truncated"], "skipped": dict(skipped),
-        "skipped_examples": [f"{e['file']}:{e['line']}: {e['reason']}" for e in skipped_lines[:50]],
-        "chat_template": "fallback ChatML" if fmt.uses_fallback_template else "tokenizer's own",
-        "tokenizer": fmt.tok.fingerprint,
-        "pad_id": fmt.tok.eod,  # fills the tail of packed rows (masked out of the loss)
-    }
-    with open(output_prefix + ".skipped.jsonl", "w") as f:
-        for e in skipped_lines:
-            f.write(json.dumps(e) + "\n")
-    _atomic_write_json(Path(output_prefix + ".stats.json"), stats)
-    return stats
+    return counts, skipped, skipped_lines
+
+
+def _encode_sample(fmt: ChatFormatter, row: dict, seq_length: int, overlong: str,
+                   counts: Counter) -> tuple[list[int], list[int]]:
+    """A row's token ids and loss mask, at most ``seq_length + 1`` tokens; BadSample when unusable.
+
+    A truncated row counts in ``counts["truncated"]`` even when it is then skipped for having no
+    assistant token left.
+    """
+    ids, mask = fmt.encode(to_messages(row))
+    if len(ids) - 1 > seq_length:
+        if overlong == "drop":
+            raise BadSample(f"longer than seq_length ({len(ids)} tokens > {seq_length + 1})")
+        ids, mask = ids[:seq_length + 1], mask[:seq_length + 1]
+        counts["truncated"] += 1
+    if not any(mask[1:]):
+        raise BadSample("no assistant token within seq_length")
+    return ids, mask
 
 
 def pack_best_fit(lengths: np.ndarray, capacity: int) -> list[list[int]]:

@@ -91,7 +91,7 @@ def tokenize_shard(shard: Shard, out_prefix: str, tok: TextTokenizer, text_key: 
 
 
 # Worker state. The parent loads the tokenizer once and the forked workers inherit it: loading
-# Qwen's 151k-token vocabulary (and checking its tiktoken twin) takes about a second, which per
+# Qwen's 151k-token vocabulary (and checking its tiktoken twin) is slow enough that doing it per
 # worker would eat the fast path's gain on all but huge inputs.
 _WORKER: dict = {}
 
@@ -131,29 +131,62 @@ def tokenize_to_indexed(
     progress: bool = True,
 ) -> dict:
     """Tokenize ``inputs`` into ``output_prefix.bin/.idx``; returns (and writes) the stats."""
-    inputs = [Path(p) for p in inputs]
-    if not inputs:
-        raise ValueError("no input files given")
-    for p in inputs:
-        if not p.exists():
-            raise FileNotFoundError(f"input {p} does not exist")
+    inputs = _existing_inputs(inputs)
     tok = load_tokenizer(tokenizer_dir)  # fail here, before any work, on a bad tokenizer
     _WORKER.update(tok=tok, text_key=text_key)
     megatron_indexed()  # imported once here, so forked workers inherit it instead of re-importing
     output_prefix = str(output_prefix)
     Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
     fingerprint = _fingerprint(inputs, tok, text_key)
+    done = _finished_stats(output_prefix, fingerprint)
+    if done is not None:
+        return done
+
+    shard_dir = Path(output_prefix + ".shards")
+    shard_dir.mkdir(exist_ok=True)
+    _check_shard_dir(shard_dir, fingerprint)
+    workers = max(1, int(workers))
+    jobs = _plan_jobs(inputs, shard_dir, workers, shard_bytes)
+    results, todo = _split_done(jobs)
+    start = time.time()
+    failures = _run_shards(jobs, todo, results, workers, Path(output_prefix).name, progress)
+    if failures:
+        raise _shards_failed(failures, jobs, len(results), shard_dir)
+
+    stats = _merge(jobs, results, output_prefix, tok)
+    stats.update(fingerprint=fingerprint, seconds=round(time.time() - start, 2), workers=workers,
+                 backend=tok.backend)
+    _atomic_write_json(Path(output_prefix + ".stats.json"), stats)
+    shutil.rmtree(shard_dir)
+    return stats
+
+
+def _existing_inputs(inputs: Sequence[Path | str]) -> list[Path]:
+    inputs = [Path(p) for p in inputs]
+    if not inputs:
+        raise ValueError("no input files given")
+    for p in inputs:
+        if not p.exists():
+            raise FileNotFoundError(f"input {p} does not exist")
+    return inputs
+
+
+def _finished_stats(output_prefix: str, fingerprint: dict) -> dict | None:
+    """The stats of a complete earlier run on the same inputs, tokenizer and text key; None if there is none."""
     stats_path = Path(output_prefix + ".stats.json")
     if stats_path.is_file() and Path(output_prefix + ".idx").is_file() and Path(output_prefix + ".bin").is_file():
         done = json.loads(stats_path.read_text())
         if done.get("fingerprint") == fingerprint:
             return done
+    return None
 
-    shard_dir = Path(output_prefix + ".shards")
-    shard_dir.mkdir(exist_ok=True)
-    _check_shard_dir(shard_dir, fingerprint)
 
-    workers = max(1, int(workers))
+def _plan_jobs(inputs: list[Path], shard_dir: Path, workers: int,
+               shard_bytes: int | None) -> list[tuple[str, Shard, str]]:
+    """``(shard id, shard, output prefix)`` for every shard of every input, in input order.
+
+    Without ``shard_bytes``, about four shards per worker, each between 1 MiB and 256 MiB.
+    """
     if shard_bytes is None:
         total = sum(p.stat().st_size for p in inputs if p.is_file())
         shard_bytes = min(256 << 20, max(1 << 20, total // (4 * workers) + 1))
@@ -162,7 +195,11 @@ def tokenize_to_indexed(
         for k, shard in enumerate(plan_shards(p, shard_bytes)):
             sid = f"{i:04d}-{k:05d}"
             jobs.append((sid, shard, str(shard_dir / sid)))
+    return jobs
 
+
+def _split_done(jobs: list[tuple[str, Shard, str]]) -> tuple[dict[str, dict], list[tuple[str, Shard, str]]]:
+    """The stats of the shards an earlier run finished, by shard id, and the jobs still to run."""
     results: dict[str, dict] = {}
     todo = []
     for sid, shard, prefix in jobs:
@@ -171,14 +208,19 @@ def tokenize_to_indexed(
             results[sid] = json.loads(done_stats.read_text())
         else:
             todo.append((sid, shard, prefix))
+    return results, todo
 
+
+def _run_shards(jobs, todo, results: dict[str, dict], workers: int, name: str,
+                progress: bool) -> list[tuple[str, str]]:
+    """Tokenize the shards of ``todo``, adding their stats to ``results``; returns ``(shard id,
+    traceback)`` for each shard that failed. The progress bar counts all ``jobs``, done ones included."""
     failures = []
-    start = time.time()
     shard_of = {sid: shard for sid, shard, _ in jobs}
     bar = tqdm(total=sum(s.size for s in shard_of.values()),
                initial=sum(shard_of[sid].size for sid in results),
                unit="B" if all(s.kind.startswith("jsonl") for s in shard_of.values()) else "row", unit_scale=True,
-               desc=f"tokenize -> {Path(output_prefix).name}", disable=not progress, file=sys.stderr)
+               desc=f"tokenize -> {name}", disable=not progress, file=sys.stderr)
 
     def collect(sid, stats, err):
         bar.update(shard_of[sid].size)
@@ -190,34 +232,35 @@ def tokenize_to_indexed(
 
     if todo:
         if workers == 1 or len(todo) == 1:
-            saved = os.environ.get("TOKENIZERS_PARALLELISM")
-            try:
-                _init_worker()
-                for job in todo:
-                    collect(*_run_shard(job))
-            finally:  # in-process: give the caller its setting back
-                if saved is None:
-                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
-                else:
-                    os.environ["TOKENIZERS_PARALLELISM"] = saved
+            _run_in_process(todo, collect)
         else:
             ctx = mp.get_context("fork")
             with ctx.Pool(min(workers, len(todo)), initializer=_init_worker) as pool:
                 for out in pool.imap_unordered(_run_shard, todo):
                     collect(*out)
     bar.close()
-    if failures:
-        msgs = "\n".join(f"--- shard {sid} ({shard_of[sid].path}):\n{err}" for sid, err in failures)
-        raise ShardFailed(
-            f"{len(failures)} of {len(jobs)} shards failed; the {len(results)} finished ones are kept in "
-            f"{shard_dir} and a rerun of the same command resumes from them.\n{msgs}")
+    return failures
 
-    stats = _merge(jobs, results, output_prefix, tok)
-    stats.update(fingerprint=fingerprint, seconds=round(time.time() - start, 2), workers=workers,
-                 backend=tok.backend)
-    _atomic_write_json(stats_path, stats)
-    shutil.rmtree(shard_dir)
-    return stats
+
+def _run_in_process(todo, collect) -> None:
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    try:
+        _init_worker()
+        for job in todo:
+            collect(*_run_shard(job))
+    finally:  # in-process: give the caller its setting back
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+
+def _shards_failed(failures: list[tuple[str, str]], jobs, finished: int, shard_dir: Path) -> ShardFailed:
+    path_of = {sid: shard.path for sid, shard, _ in jobs}
+    msgs = "\n".join(f"--- shard {sid} ({path_of[sid]}):\n{err}" for sid, err in failures)
+    return ShardFailed(
+        f"{len(failures)} of {len(jobs)} shards failed; the {finished} finished ones are kept in "
+        f"{shard_dir} and a rerun of the same command resumes from them.\n{msgs}")
 
 
 def _check_shard_dir(shard_dir: Path, fingerprint: dict) -> None:
@@ -235,7 +278,7 @@ def _merge(jobs, results: dict[str, dict], output_prefix: str, tok: TextTokenize
     builder = megatron_indexed().IndexedDatasetBuilder(output_prefix + ".bin", dtype=token_dtype(tok.vocab_size))
     skipped: Counter = Counter()
     skipped_lines = []
-    # add_index runs gc.collect() per shard, a full heap walk (~1 s with torch imported); freezing
+    # add_index runs gc.collect() per shard, a full heap walk (slow once torch is imported); freezing
     # the objects that exist now leaves it only the merge's own garbage to look at.
     gc.freeze()
     try:

