@@ -1,10 +1,10 @@
 """Registration of infir's opaque graph ops (the FP8 linear's quantizers and GEMMs, SwiGLU's kernels).
 
 Why not `torch.library.custom_op`: its Python wrappers (autograd and aliasing checks, a dynamo-disable
-frame) cost ~10-16 us a call over the op's own work (bench/quant.py --host), and a compiled layer of
+frame) cost several times the op's own host work per call (bench/quant.py --host times both), and a compiled layer of
 an FP8 recipe calls ~20 of these ops per micro-batch, which at 0.5B-1.5B made the step wait on the
-host. A plain `torch.library.Library` definition dispatches straight to the Python implementation
-(~1.5 us); the ops are functional (no aliasing, no mutation) and are only ever called inside
+host. A plain `torch.library.Library` definition dispatches straight to the Python implementation;
+the ops are functional (no aliasing, no mutation) and are only ever called inside
 autograd Functions' forward/backward, so they need no autograd kernel of their own.
 """
 from __future__ import annotations

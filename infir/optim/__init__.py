@@ -1,4 +1,4 @@
-"""Memory-efficient AdamW variants with torch.optim's interface (issue 5).
+"""Memory-efficient AdamW variants with torch.optim's interface.
 
 | name            | class                  | params | bytes/param (weights+grad+states)  |
 |-----------------|------------------------|--------|------------------------------------|

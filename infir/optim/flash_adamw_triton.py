@@ -34,9 +34,8 @@ from infir.optim.companding import GROUP, momentum_unit, num_groups, variance_un
 from infir.optim.triton_bits import bf16_half_ulp_log2, bf16_round_nearest, pow2
 from infir.optim.weight_split import correction_unit
 
-# groups per program (512 elements) and warps: the fastest of bench/optim.py's section K on an
-# H100 (15.6 ms over 1.54B params vs 18.9 for the old 32 rows / 4 warps / IEEE division); the
-# spread between neighbouring variants is about as large as run-to-run noise (~1.5 ms)
+# groups per program (512 elements) and warps: the fastest of bench/optim.py's configuration sweep on an
+# H100, ahead of wider programs with IEEE division; neighbouring variants differ by about run-to-run noise
 ROWS = 16
 NUM_WARPS = 2
 FAST_DIV = True
@@ -201,5 +200,5 @@ def flash_adamw_triton_(param: torch.Tensor, grad: torch.Tensor, correction, m_c
 
 
 # One launcher per parameter shape and configuration, to cut the host time that made step() slower
-# than its kernels run back to back (BENCHMARKS.md, optimizers, section A).
+# than its kernels run back to back (bench/optim.py times both).
 _LAUNCHES: dict = {}

@@ -74,12 +74,12 @@ def pick(name: str, config):
 
 # A GPU busy-wait (torch's own test helper) that lets the host queue the timed runs ahead of the GPU.
 _spin = getattr(torch.cuda, "_sleep", None)
-_SPIN_CYCLES = 2_000_000  # ~1 ms at H100 clocks: longer than the host takes to queue ten runs (bench/quant.py --host)
+_SPIN_CYCLES = 2_000_000  # about a millisecond at H100 clocks: longer than the host takes to queue ten runs
 
 
 def best(build, candidates, x):
     """The fastest of `candidates` (configs) for input x: build(cfg) -> run(x), timed with CUDA
-    events over 10 runs queued behind a ~1 ms GPU spin (best of 3, after 2 warm-ups). Behind the
+    events over 10 runs queued behind a GPU spin (best of 3, after 2 warm-ups). Behind the
     spin, because timed one by one or even back to back the events also caught the host's work per
     call (output allocation, the launch itself: bench/quant.py --host)
     whenever it exceeded the kernel, which decided for the cheaper launch rather than the faster

@@ -5,7 +5,7 @@
 // bf16 tile reduced along both axes and written out in both orientations. Triton keeps the tile in
 // registers and transposes through layout conversions it chooses itself; every Triton design we
 // tried (one fused tile, two chunked passes, row and column programs reading X twice, grouped for
-// L2) stayed at 44-71% of copy bandwidth on an H100 (BENCHMARKS.md). Here the tile goes through
+// L2) stayed well under copy bandwidth on an H100 (bench/quant.py measures it). Here the tile goes through
 // shared memory once, laid out for conflict-free column reads, and the transposed FP8 bytes are
 // staged so that every store is a full 128-byte line.
 //
@@ -21,8 +21,8 @@
 // A block holds gate's and up's tiles of the same 128 columns (512 threads, two blocks an SM), so
 // every input is read and every sigmoid computed once. The values are swiglu.swiglu_backward's in
 // float32, op by op, but for the sigmoid's fast exp and division (__expf, __fdividef: 2 ulp): with
-// the IEEE pair the kernel was instruction-bound, at 0.96x of the unfused pair (bench/quant.py
-// --swiglu, BENCHMARKS.md). After the bf16 and FP8 roundings the bytes rarely differ from the
+// the IEEE pair the kernel was instruction-bound, slower than the unfused pair (bench/quant.py
+// --swiglu). After the bf16 and FP8 roundings the bytes rarely differ from the
 // reference's (tests/fp8/test_swiglu.py bounds how rarely).
 //
 // And SwiGLU's forward (infir_swiglu_fwd_quant_both): y = silu(gate) * up from h = FC1's bf16 output,

@@ -2,8 +2,8 @@
 // one FP32 scale per row (row amax / fmax), one E8M0 power of two per group of 32.
 //
 // Why CUDA here: the row scale depends on the whole row, so Triton's kernel reads each row twice
-// (an amax pass, then a quantize pass served partly from L2) and reached 75-78% of copy bandwidth
-// on an H100 (BENCHMARKS.md). Here one block holds a row, in its threads' registers up to 8192
+// (an amax pass, then a quantize pass served partly from L2) and stayed under copy bandwidth
+// on an H100 (bench/quant.py measures it). Here one block holds a row, in its threads' registers up to 8192
 // elements and in shared memory beyond: one read from HBM.
 //
 // Bits: identical to the reference and to _quant_two_level_kernel: s = RN(row amax / fmax) in the
