@@ -10,6 +10,7 @@ from infir.fp8.kernels import cuda_build
 from infir.fp8.policy import policy_override
 
 
+@pytest.mark.slow
 def test_build_is_cached_and_the_entry_point_refuses_bad_shapes(tmp_path, monkeypatch):
     nvcc = cuda_build.find_nvcc()
     if nvcc is None:

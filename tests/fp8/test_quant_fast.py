@@ -101,6 +101,7 @@ def check_scaled(x):
                       quantize_two_level_folded_ref(xc, sf))
 
 
+@pytest.mark.slow
 def test_tiny_and_huge_scales_match_reference():
     check_scaled(scaled_rows((300, 260), "cpu" if not torch.cuda.is_available() else "cuda"))
 

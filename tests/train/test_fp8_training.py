@@ -72,6 +72,7 @@ def test_gpu_cuda_graphs_train_on_the_same_losses(demo_root, tmp_path):
         assert abs(val["eager"][step] - val["graphs"][step]) <= 1e-3 * val["eager"][step], (step, val)
 
 
+@pytest.mark.slow
 def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
     common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "stage.iters=6"]
     run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
@@ -82,6 +83,7 @@ def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
         assert abs(a[step] - b[step]) <= 2e-3 * abs(a[step]), (step, a[step], b[step])
 
 
+@pytest.mark.slow
 def test_compiled_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
     """model.compile=true on CPU compiles every layer: the FP8 core inside each layer's graph and, under SP,
     QKV's and FC1's FP8 all-gather (functional collectives inside the graph)."""

@@ -17,6 +17,7 @@ def adamw_curve(demo_root, tmp_path_factory):
     return losses(run_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["flash_adamw", "sr_adamw"])
 def test_memory_efficient_optimizer_trains_like_adamw_and_resumes_exactly(demo_root, tmp_path, adamw_curve, optimizer):
     whole = tmp_path / "whole"

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "parity.py"
 
 
@@ -26,6 +28,7 @@ def _parity(tmp: Path, demo_root: Path, jobs: int) -> list[dict]:
     return curves
 
 
+@pytest.mark.slow
 def test_concurrent_parity_runs_match_sequential(tmp_path, demo_root):
     sequential = _parity(tmp_path, demo_root, jobs=1)
     concurrent = _parity(tmp_path, demo_root, jobs=2)

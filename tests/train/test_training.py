@@ -22,6 +22,7 @@ def demo(root, run_dir, *extra):
     return [*FAST, f"data.root={root}", f"run_dir={run_dir}", *extra]
 
 
+@pytest.mark.slow
 def test_tp2_with_sequence_parallel_matches_tp1(demo_root, tmp_path):
     steps = ["stage.iters=20"]
     run_train(demo(demo_root, tmp_path / "tp1", *steps))
@@ -33,6 +34,7 @@ def test_tp2_with_sequence_parallel_matches_tp1(demo_root, tmp_path):
         assert abs(a[step] - b[step]) <= 1e-3 * abs(a[step]), (step, a[step], b[step])
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_on_the_same_loss_curve(demo_root, tmp_path):
     args = ["stage.iters=24", "train.save_interval=8"]
     run_train(demo(demo_root, tmp_path / "whole", *args))
@@ -113,6 +115,7 @@ def test_crash_during_save_keeps_the_last_complete_checkpoint(demo_root, tmp_pat
     assert ckpt_format.resolve(ckpts).name == "iter_0000006" and not half.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_failed_checkpoint_write_names_the_disk_and_keeps_the_last_checkpoint(demo_root, tmp_path, nproc):
     """A checkpoint write that fails (here: files capped between the model shard's size and the
@@ -166,6 +169,7 @@ def test_non_finite_loss_stops_clearly_and_keeps_checkpoints(demo_root, tmp_path
     assert logged and all(math.isfinite(v) for v in logged.values())
 
 
+@pytest.mark.slow
 def test_demo_default_writes_checkpoint_metrics_and_plot(demo_root, tmp_path):
     """`infir-train` with the demo defaults (shortened): loss falls, and every promised file is there."""
     run_dir = tmp_path / "demo"
