@@ -3,6 +3,8 @@
 #   bash bench/gpu_suite.sh tests          pytest -m gpu over every module that holds gpu tests
 #   bash bench/gpu_suite.sh kernels        bench/quant.py (+ --swiglu), bench/linear.py (+ linear_kernels.py), bench/wgrad_lt.py,
 #                                          bench/optim.py
+#   bash bench/gpu_suite.sh attention      bench/attention.py: attention kernels fwd+bwd at 1.5B/7B heads, 8k and 32k,
+#                                          causal and packed documents
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -64,6 +66,8 @@ for stage in "$@"; do
       run linear_kernels python3 bench/linear_kernels.py --out "$OUT/linear_kernels.md"
       run wgrad_lt python3 bench/wgrad_lt.py --fprop-dgrad --out "$OUT/wgrad_lt.md"
       run optim python3 bench/optim.py --out "$OUT/optim.md" ;;
+    attention)
+      for m in 1.5b 7b; do run "attention_$m" python3 bench/attention.py --models "qwen2.5-$m" --out "$OUT/attention_$m.md"; done ;;
     step-1.5b)
       run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \
         --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 qwen2.5-1.5b:none:fp8_blockwise_fp32 \
@@ -93,7 +97,7 @@ for stage in "$@"; do
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root outputs/parity --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
-    *) echo "unknown stage '$stage': tests kernels step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
   esac
 done
 exit $status
