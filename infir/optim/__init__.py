@@ -82,11 +82,6 @@ def optimizer_spec(name: str) -> OptimizerSpec:
     return OPTIMIZERS[name]
 
 
-def required_param_dtype(name: str) -> torch.dtype:
-    """The dtype the model's params must have for optimizer ``name``."""
-    return optimizer_spec(name).param_dtype
-
-
 def build_optimizer(name: str, params: Iterable, **kw) -> torch.optim.Optimizer:
     """Build optimizer ``name`` (a key of OPTIMIZERS) with torch AdamW's keyword arguments
     (lr, betas, eps, weight_decay) plus the class's own (fused, offload, seed)."""
@@ -103,4 +98,4 @@ def build_optimizer(name: str, params: Iterable, **kw) -> torch.optim.Optimizer:
 
 __all__ = ["FlashAdamW", "SRAdamW", "BF16AdamW", "OffloadedAdamW", "PerParamOptimizer",
            "StepInBackward", "enable_step_in_backward", "build_optimizer",
-           "required_param_dtype", "optimizer_spec", "OptimizerSpec", "OPTIMIZERS"]
+           "optimizer_spec", "OptimizerSpec", "OPTIMIZERS"]

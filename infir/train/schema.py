@@ -209,5 +209,5 @@ def register() -> None:
     ConfigStore.instance().store(name="infir_schema", node=InfirConfig)
 
 
-__all__ = ["InfirConfig", "ModelConfig", "OptimizerConfig", "DataConfig", "StageConfig",
+__all__ = ["InfirConfig", "ModelConfig", "PrecisionConfig", "OptimizerConfig", "DataConfig", "StageConfig",
            "ParallelConfig", "LoggerConfig", "TrainConfig", "COMPILE_MODES", "register"]

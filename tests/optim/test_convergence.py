@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from infir.optim import build_optimizer, required_param_dtype
+from infir.optim import build_optimizer, optimizer_spec
 
 VOCAB, SEQ, BATCH, STEPS, LR = 64, 32, 8, 300, 3e-4
 
@@ -66,7 +66,7 @@ def markov_stream(n_seq: int, seed: int = 0) -> torch.Tensor:
 
 def final_loss(name: str, data: torch.Tensor) -> float:
     torch.manual_seed(0)
-    model = TinyGPT().to(required_param_dtype(name))
+    model = TinyGPT().to(optimizer_spec(name).param_dtype)
     opt = build_optimizer(name, model.parameters(), lr=LR, betas=(0.9, 0.95), weight_decay=0.1)
     losses = []
     for i in range(STEPS):

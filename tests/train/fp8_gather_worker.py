@@ -27,6 +27,16 @@ x_full = (torch.randn(s * world, b, k) * 3).to(device, torch.bfloat16 if on_gpu 
 w = (torch.randn(n, k) * 0.05).to(device)
 recipe = get_recipe(recipe_name)
 comm = SequenceParallel(dist.group.WORLD.group_name, world)
+gathered_dtypes = set()  # what the strategy puts on the wire, seen in the eager run
+real_gather_start = SequenceParallel.gather_start
+
+
+def recording_gather_start(self, tensors, dim):
+    tensors = list(tensors)
+    gathered_dtypes.update(str(t.dtype) for t in tensors)
+    return real_gather_start(self, tensors, dim)
+
+
 g = torch.randn(s * world, b, n).to(device, x_full.dtype)
 cols = slice(rank * n // world, (rank + 1) * n // world)   # this rank's column shard of W (and of Y)
 
@@ -46,6 +56,7 @@ result = {"rank": rank, "takes": SequenceParallel.takes(recipe.input.granularity
 runs = {}
 for name, fn in [("eager", sp_linear),
                  ("compiled", torch.compile(sp_linear, backend="inductor" if on_gpu else "aot_eager", fullgraph=True))]:
+    SequenceParallel.gather_start = recording_gather_start if name == "eager" else real_gather_start
     xt = x_full[rank * s:(rank + 1) * s].clone().requires_grad_(True)
     wt = w[cols].clone().requires_grad_(True)
     yt = fn(xt, wt, WeightCache().get(wt, recipe))
@@ -57,6 +68,7 @@ result.update(
     dx=((dx - dx_ref).norm() / dx_ref.norm()).item(),
     dw=((dw - w_ref.grad).norm() / w_ref.grad.norm()).item(),
     compiled_equal=[torch.equal(a, b) for a, b in zip(runs["compiled"], runs["eager"])],
+    gathered=sorted(gathered_dtypes),
 )
 report = json.dumps(result)
 for r in range(world):  # one whole line per rank, in turn (the ranks share one stdout pipe)

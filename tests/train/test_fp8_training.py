@@ -28,6 +28,9 @@ def _gather_worker(recipe: str, *device: str):
         # float summation order; compiled (functional collectives inside the graph), bit for bit.
         assert r["takes"] and r["y"] < 1e-6 and r["dw"] < 1e-6 and r["dx"] < 1e-6, r
         assert r["compiled_equal"] == [True, True, True], r
+        # FP8 bytes and their FP32 scales, never the BF16/FP32 activation itself
+        assert any("float8" in d for d in r["gathered"]) and set(r["gathered"]) <= {
+            "torch.float8_e4m3fn", "torch.float8_e5m2", "torch.float32"}, r
 
 
 @pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "fp8_blockwise_e5m2_grad"])
