@@ -201,14 +201,21 @@ def resolve_backend(a: QTensor, b: QTensor, backend: str = "auto") -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _warn_slow_fallback_once(pair: tuple, shapes: tuple) -> None:
-    warnings.warn(f"fp8_gemm: {pair} operands of shapes {shapes} do not fit scaled_mm (see scaled_mm_fits), "
-                  "running the emulated FP32 GEMM on the GPU, which is far slower; pad the token count to a "
-                  "multiple of 16 (128 for K) to stay on the fast path", stacklevel=3)
+def _warn_slow_fallback_once(pair: tuple, shapes: tuple, dtypes: tuple, dtype_refused: bool) -> None:
+    if dtype_refused:
+        why = (f"blockwise scaled_mm takes E4M3 operands only, not {dtypes} (so an E5M2 recipe's dgrad and wgrad "
+               "run this way on Hopper): use an E4M3 recipe for speed")
+    else:
+        why = (f"shapes {shapes} do not fit scaled_mm (see scaled_mm_fits): pad the token count to a multiple of "
+               "16 (128 for K) to stay on the fast path")
+    warnings.warn(f"fp8_gemm: {pair} operands run the emulated FP32 GEMM on the GPU, which is far slower; {why}",
+                  stacklevel=3)
 
 
 def _warn_slow_fallback(a: QTensor, b: QTensor) -> None:
-    _warn_slow_fallback_once((a.granularity, b.granularity), (tuple(a.data.shape), tuple(b.data.shape)))
+    refused = a.granularity == "token" and not blockwise_dtypes_ok(a.data, b.data)
+    _warn_slow_fallback_once((a.granularity, b.granularity), (tuple(a.data.shape), tuple(b.data.shape)),
+                             (str(a.data.dtype), str(b.data.dtype)), refused)
 
 
 def fp8_gemm_accumulate(a: QTensor, b: QTensor, out: torch.Tensor, backend: str = "auto") -> None:
