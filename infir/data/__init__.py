@@ -6,8 +6,7 @@ Public entry points (the training loop and the eval helpers build against these)
   resolve_tokenizer("demo" | DIR)        a config's tokenizer entry -> a directory
   build_pretrain_datasets(blend, S, tok) megatron GPTDataset / BlendedDataset (train, valid)
   infir.data.pretrain.build_phase_datasets  the same for one phase of a mixture
-  build_sft_dataset(prefix, S)           packed SFT rows (tokens, labels, loss_mask, position_ids, segment_ids)
-  packed_attention_mask(segment_ids)     block-diagonal causal mask for SDPA
+  build_sft_dataset(prefix, S)           packed SFT rows (tokens, labels, loss_mask, position_ids restarting per sample)
   infir.data.mixture                     load_resolved, phase_schedule
   infir.data.demo                        arithmetic_problems, EVAL_SEED, ensure_demo_data
 
@@ -21,8 +20,6 @@ DEMO_TOKENIZER: Path = Path(__file__).parent / "demo_tokenizer"
 _LAZY = {
     "build_pretrain_datasets": "infir.data.pretrain",
     "build_sft_dataset": "infir.data.sft",
-    "packed_attention_mask": "infir.data.sft",
-    "cu_seqlens": "infir.data.sft",
     "load_tokenizer": "infir.data.tokenizer",
 }
 

@@ -56,7 +56,7 @@ def normalize_blend(blend: Blend) -> tuple[list[str], list[float] | None]:
     return prefixes, weights
 
 
-def _gpt_config(seq_length: int, tok: TextTokenizer, seed: int, cache_dir, **blend_kwargs):
+def _gpt_config(seq_length: int, tok: TextTokenizer, seed: int, cache_dir, reset_at_eod: bool = False, **blend_kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
@@ -64,10 +64,12 @@ def _gpt_config(seq_length: int, tok: TextTokenizer, seed: int, cache_dir, **ble
         random_seed=seed,
         sequence_length=seq_length,
         tokenizer=MegatronTokenizerAdapter(tok),
-        reset_position_ids=False,
-        reset_attention_mask=False,
+        # Positions restarting after each EOD are all the trainer needs: it reads document
+        # boundaries off them (infir.model.documents), so megatron builds no [s, s] mask.
+        reset_position_ids=reset_at_eod,
+        reset_attention_mask=reset_at_eod,
         eod_mask_loss=False,
-        create_attention_mask=False,  # the loop builds causal masks itself (SDPA is_causal)
+        create_attention_mask=False,
         path_to_cache=str(cache_dir) if cache_dir is not None else None,
         **blend_kwargs,
     )
@@ -84,8 +86,12 @@ def build_pretrain_datasets(
     valid_blend: Blend | None = None,
     seed: int = 1234,
     cache_dir: str | Path | None = None,
+    reset_at_eod: bool = False,
 ):
     """Return ``(train_ds, valid_ds)`` megatron datasets (valid_ds may be None).
+
+    ``reset_at_eod``: each sample's ``position_ids`` restart after every EOD token (Megatron-LM's
+    ``--reset-position-ids --reset-attention-mask``), so each document attends only itself.
 
     ``blend`` may also be a resolved mixture file (``*.yaml`` from ``infir-prep mixture``): the
     train set is then a ``PhasedDataset`` running the phases in order.
@@ -100,7 +106,7 @@ def build_pretrain_datasets(
     tok = tokenizer if isinstance(tokenizer, TextTokenizer) else load_tokenizer(tokenizer)
     if is_mixture_file(blend):
         return _build_phased(Path(blend), seq_length, tok, train_samples=train_samples, valid_samples=valid_samples,
-                             split=split, valid_blend=valid_blend, seed=seed, cache_dir=cache_dir)
+                             split=split, valid_blend=valid_blend, seed=seed, cache_dir=cache_dir, reset_at_eod=reset_at_eod)
     train_blend = normalize_blend(blend)
     if valid_blend is not None:
         blend_kwargs = {"blend_per_split": [train_blend, normalize_blend(valid_blend), None]}
@@ -112,7 +118,7 @@ def build_pretrain_datasets(
     for name, n, need in (("train_samples", train_samples, needs_size[0]), ("valid_samples", valid_samples, needs_size[1])):
         if need and n is None:
             raise ValueError(f"a weighted blend needs {name}: megatron draws that many sequences by weight")
-    config = _gpt_config(seq_length, tok, seed, cache_dir, **blend_kwargs)
+    config = _gpt_config(seq_length, tok, seed, cache_dir, reset_at_eod, **blend_kwargs)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -171,7 +177,7 @@ def build_phase_datasets(phase: Phase, seq_length: int, tokenizer, *, global_bat
 
 
 def _build_phased(path: Path, seq_length: int, tok: TextTokenizer, *, train_samples, valid_samples, split,
-                  valid_blend, seed, cache_dir):
+                  valid_blend, seed, cache_dir, reset_at_eod):
     """A resolved mixture file (``infir-prep mixture``) -> (PhasedDataset, valid). Without
     ``train_samples`` each phase draws its own tokens; with it, the samples are shared out in
     proportion to the phases' tokens. Validation comes from ``valid_blend`` or phase 1's split."""
@@ -186,7 +192,7 @@ def _build_phased(path: Path, seq_length: int, tok: TextTokenizer, *, train_samp
     for i, (phase, n) in enumerate(zip(phases, counts)):
         train, v = build_pretrain_datasets(
             phase.blend, seq_length, tok, train_samples=n, valid_samples=valid_samples if i == 0 else 0,
-            split=split, valid_blend=valid_blend, seed=seed + i, cache_dir=cache_dir)
+            split=split, valid_blend=valid_blend, seed=seed + i, cache_dir=cache_dir, reset_at_eod=reset_at_eod)
         trains.append(train)
         valid = v if i == 0 else valid
     return PhasedDataset([p.name for p in phases], trains), valid

@@ -7,11 +7,9 @@ packs them for context ``S`` when it loads (best-fit decreasing, deterministic, 
 prepared set serves any context length.
 
 A sample of ``L`` tokens takes ``L - 1`` positions of a packed row (inputs ``t[:-1]``, labels
-``t[1:]``), so a row's samples never predict across a boundary. Each row carries ``segment_ids``
-(sample k of the row has id k; the padding tail gets its own id) and ``position_ids`` restarting at
-0 per sample: ``packed_attention_mask`` / ``cu_seqlens`` turn them into the block-diagonal causal
-mask (SDPA) or the varlen boundaries (flash-attn / TE THD), the equivalent of megatron's
-packed-sequence params.
+``t[1:]``), so a row's samples never predict across a boundary. Each row's ``position_ids``
+restart at 0 per sample (and at the padding tail): the trainer reads the documents its attention
+keeps apart from them (infir.model.documents: variable-length kernels, no [s, s] mask).
 """
 from __future__ import annotations
 
@@ -156,8 +154,9 @@ def pack_best_fit(lengths: np.ndarray, capacity: int) -> list[list[int]]:
 
 
 class PackedSFTDataset(torch.utils.data.Dataset):
-    """Packed SFT rows: ``tokens, labels, position_ids, segment_ids`` (int64) and ``loss_mask``
-    (float32), each of length ``seq_length``."""
+    """Packed SFT rows: ``tokens, labels, position_ids`` (int64) and ``loss_mask`` (float32), each of
+    length ``seq_length``. Positions restart at 0 with each sample: that is where the trainer reads
+    the boundaries of its attention (infir.model.documents)."""
 
     def __init__(self, prefix: str | Path, seq_length: int, seed: int = 1234):
         prefix = str(prefix)
@@ -191,9 +190,8 @@ class PackedSFTDataset(torch.utils.data.Dataset):
         labels = np.full(S, self.pad_id, dtype=np.int64)
         loss_mask = np.zeros(S, dtype=np.float32)
         position_ids = np.zeros(S, dtype=np.int64)
-        segment_ids = np.zeros(S, dtype=np.int64)
         at = 0
-        for k, sample in enumerate(self.rows[i]):
+        for sample in self.rows[i]:
             t = self.tokens[sample].astype(np.int64)
             m = self.masks[sample]
             n = len(t) - 1
@@ -201,36 +199,14 @@ class PackedSFTDataset(torch.utils.data.Dataset):
             labels[at:at + n] = t[1:]
             loss_mask[at:at + n] = m[1:]
             position_ids[at:at + n] = np.arange(n)
-            segment_ids[at:at + n] = k
             at += n
-        # The padding tail is one more segment: it attends only to itself and carries no loss.
+        # The padding tail is one more document: it attends only to itself and carries no loss.
         position_ids[at:] = np.arange(S - at)
-        segment_ids[at:] = len(self.rows[i])
         return {
             "tokens": torch.from_numpy(tokens), "labels": torch.from_numpy(labels),
             "loss_mask": torch.from_numpy(loss_mask), "position_ids": torch.from_numpy(position_ids),
-            "segment_ids": torch.from_numpy(segment_ids),
         }
 
 
 def build_sft_dataset(prefix: str | Path, seq_length: int, seed: int = 1234) -> PackedSFTDataset:
     return PackedSFTDataset(prefix, seq_length, seed=seed)
-
-
-def packed_attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean ``[..., S, S]`` mask, True where query i may attend key j: same segment and j <= i
-    (SDPA's ``attn_mask`` convention)."""
-    same = segment_ids.unsqueeze(-1) == segment_ids.unsqueeze(-2)
-    S = segment_ids.shape[-1]
-    causal = torch.ones(S, S, dtype=torch.bool, device=segment_ids.device).tril()
-    return same & causal
-
-
-def cu_seqlens(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Cumulative segment boundaries of one row, int32 ``[num_segments + 1]`` (varlen kernels)."""
-    if segment_ids.dim() != 1:
-        raise ValueError("cu_seqlens takes one row: segment_ids of shape [S]")
-    change = torch.nonzero(segment_ids[1:] != segment_ids[:-1]).flatten() + 1
-    zero = torch.zeros(1, dtype=change.dtype, device=segment_ids.device)
-    end = torch.full((1,), segment_ids.numel(), dtype=change.dtype, device=segment_ids.device)
-    return torch.cat([zero, change, end]).to(torch.int32)

@@ -14,7 +14,7 @@ Active only when CUDA is absent (CI, laptops): with a GPU, nothing here is touch
   state around the recomputed forward (random.py:444-460, via _get/_set_cuda_rng_state): on CPU
   there is no CUDA generator, so those two read an empty state and restore nothing (the CPU
   generator, which megatron saves and restores beside it, is the one that matters there).
-- megatron's local DotProductAttention builds its mask on "cuda": our spec uses SDPAttention instead.
+- megatron's local DotProductAttention builds its mask on "cuda": our spec uses CoreAttention instead.
 - megatron's optimizer wrappers allocate on 'cuda' unconditionally (optimizer/optimizer.py:907), so
   the trainer steps a plain torch optimizer over DDP's fp32 `main_grad` buffers instead (train/loop.py).
 """

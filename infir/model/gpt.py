@@ -11,6 +11,10 @@ per-token losses [b, s] of the last call stay on `model.last_per_token_loss` for
 `loss_mask=None` every token has weight 1. Every other call (no labels, inference, chunked_loss off,
 multi-token prediction) is megatron's own `_postprocess`, so it returns per-token losses [b, s] or
 logits exactly as GPTModel does.
+
+RoPE reads `position_ids` (megatron's rotary embedding reads only the sequence length): positions
+restart at each packed document, as the model sees them at evaluation, and under context parallelism
+each rank's tokens carry their own positions.
 """
 from __future__ import annotations
 
@@ -25,6 +29,18 @@ class InfirGPTModel(GPTModel):
     chunked_loss: bool = False
     loss_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     last_per_token_loss = None
+
+    def _preprocess(self, input_ids, position_ids, *args, **kwargs):
+        out = super()._preprocess(input_ids, position_ids, *args, **kwargs)
+        own_positions = (
+            position_ids is not None and out[1] is not None and kwargs.get("inference_context") is None
+            and kwargs.get("decoder_input") is None and self.position_embedding_type == "rope"
+        )
+        if not own_positions:
+            return out
+        # [max_len, 1, 1, dim] (cached by megatron; packed_seq: no context-parallel slicing) -> [s, b, 1, dim]
+        table = self.rotary_pos_emb(self.max_sequence_length, packed_seq=True)
+        return (out[0], table[position_ids.t()].squeeze(2), *out[2:])
 
     def _postprocess(self, hidden_states, input_ids, position_ids, labels, *args, loss_mask=None, inference_context=None, **kwargs):
         chunked = (

@@ -58,8 +58,10 @@ def get_size(name: str, **overrides) -> QwenSize:
     return replace(SIZES[name], **overrides) if overrides else SIZES[name]
 
 
-def check_parallel(size: QwenSize, tp: int, seq_length: int, sequence_parallel: bool = False) -> None:
-    """Fail before training, naming the key, when the model cannot be split as asked."""
+def check_parallel(size: QwenSize, tp: int, seq_length: int, sequence_parallel: bool = False, cp: int = 1) -> None:
+    """Fail before training, naming the key, when the model cannot be split as asked. Context
+    parallelism all-gathers keys and values, so it puts no condition on the heads; it cuts the
+    sequence in 2 x cp chunks."""
     if tp < 1:
         raise ValueError(f"parallel.tp={tp} must be >= 1")
     for what, n in (("model.heads", size.heads), ("model.kv_heads", size.kv_heads), ("model.ffn", size.ffn)):
@@ -70,14 +72,22 @@ def check_parallel(size: QwenSize, tp: int, seq_length: int, sequence_parallel: 
         raise ValueError(f"parallel.tp={tp} does not divide model.vocab={size.vocab}")
     if seq_length > size.max_positions:
         raise ValueError(f"data.seq_length={seq_length} exceeds the model's max_positions={size.max_positions}")
-    if sequence_parallel and seq_length % tp:
-        raise ValueError(f"data.seq_length={seq_length} must be divisible by parallel.tp={tp} with sequence parallelism")
+    if cp < 1:
+        raise ValueError(f"parallel.cp={cp} must be >= 1")
+    if cp > 1 and seq_length % (2 * cp):
+        valid = [c for c in range(2, 17) if seq_length % (2 * c) == 0]
+        raise ValueError(f"stage.seq_length={seq_length} must be divisible by 2 x parallel.cp={2 * cp} (each rank holds "
+                         f"two of 2 x cp chunks); valid cp values for this length: {valid}")
+    if sequence_parallel and (seq_length // cp) % tp:
+        raise ValueError(f"stage.seq_length / parallel.cp = {seq_length // cp} must be divisible by parallel.tp={tp} "
+                         f"with sequence parallelism")
 
 
 def transformer_config(
     size: QwenSize,
     *,
     tp: int = 1,
+    cp: int = 1,
     sequence_parallel: bool = False,
     params_dtype: torch.dtype = torch.float32,
     init_std: float = 0.02,
@@ -114,6 +124,7 @@ def transformer_config(
         attention_dropout=0.0,
         init_method_std=init_std,
         tensor_model_parallel_size=tp,
+        context_parallel_size=cp,
         sequence_parallel=sequence_parallel and tp > 1,
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -155,12 +166,13 @@ def _fusion_kwargs(fusions: bool) -> dict:
 
 
 def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_loss: bool = False,
-              loss_chunk_tokens: int = 8192):
+              loss_chunk_tokens: int = 8192, attention: str = "auto"):
     """megatron GPTModel for one pipeline stage holding the whole depth (pre- and post-process).
 
     chunked_loss: the LM head + cross entropy run chunk by chunk with gradients computed in the forward
     (infir/model/lm_loss.py); the model then returns the loss_mask-weighted sum, never full logits.
     recipe: the infir.fp8.Recipe the projections run (None or a high-precision recipe: megatron's linears).
+    attention: the kernel of packed documents and context parallelism (infir.model.attention.KERNELS).
     """
     from infir.model.spec import block_spec, projections
 
@@ -174,7 +186,7 @@ def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_l
     cpu_shims.install()
     model = InfirGPTModel(
         config=config,
-        transformer_layer_spec=block_spec(size.layers, proj),
+        transformer_layer_spec=block_spec(size.layers, proj, attention),
         vocab_size=size.vocab,
         max_sequence_length=max(seq_length, 1),
         pre_process=True,
@@ -193,6 +205,9 @@ def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_l
     if model.output_layer is not None and type(model.output_layer) is not ColumnLinear:
         model.output_layer.__class__ = ColumnLinear
     model.chunked_loss, model.loss_chunk_tokens = chunked_loss, loss_chunk_tokens
+    # RoPE reads each rank's own position_ids (gpt.InfirGPTModel): megatron's slicing of the
+    # rotary table for context parallelism must not apply on top.
+    model.rotary_pos_emb.cp_group = None
     if model.embedding is not None:
         model.embedding.register_forward_hook(_embedding_to_autocast_dtype)
     from infir.model.fp8_linears import attach_weight_refresh, fp8_linears_of

@@ -2,7 +2,7 @@
 
 Megatron stays unmodified: this function returns the same tree as megatron's local GPT spec
 (TransformerLayer -> SelfAttention(linear_qkv, core_attention, linear_proj) -> MLP(linear_fc1,
-linear_fc2)) with two substitutions — core attention through SDPA (see attention.py), and the four
+linear_fc2)) with two substitutions — core attention through torch's kernels (see attention.py), and the four
 projections, which run `infir.fp8` under an FP8 recipe: the recipe reaches each of them as a
 ModuleSpec param, once, at build time. Norms are our sequence-parallel-aware RMSNorm (norm.py), in the
 parameter dtype. The layer class is megatron's, entering the config's autocast itself (AutocastLayer)
@@ -26,7 +26,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from infir.fp8 import Recipe
-from infir.model.attention import SDPAttention
+from infir.model.attention import CoreAttention
 from infir.model.fp8_linears import Fp8ColumnLinear, Fp8RowLinear
 from infir.model.fp8_swiglu import SwiGLUInFc1
 from infir.model.linears import ColumnLinear, RowLinear
@@ -73,7 +73,8 @@ def projections(recipe: Recipe | None = None) -> Projections:
     return Projections(column, fc1, row, row, ModuleSpec(module=SwiGLUInFc1))
 
 
-def layer_spec(proj: Projections = Projections()) -> ModuleSpec:
+def layer_spec(proj: Projections = Projections(), attention: str = "auto") -> ModuleSpec:
+    """One layer; `attention` is CoreAttention's kernel for packed documents (attention.KERNELS)."""
     return ModuleSpec(
         module=AutocastLayer,
         submodules=TransformerLayerSubmodules(
@@ -83,7 +84,7 @@ def layer_spec(proj: Projections = Projections()) -> ModuleSpec:
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
                     linear_qkv=proj.qkv,
-                    core_attention=SDPAttention,
+                    core_attention=ModuleSpec(module=CoreAttention, params={"kernel": attention}),
                     linear_proj=proj.proj,
                     q_layernorm=IdentityOp,
                     k_layernorm=IdentityOp,
@@ -100,6 +101,6 @@ def layer_spec(proj: Projections = Projections()) -> ModuleSpec:
     )
 
 
-def block_spec(num_layers: int, proj: Projections = Projections()) -> TransformerBlockSubmodules:
+def block_spec(num_layers: int, proj: Projections = Projections(), attention: str = "auto") -> TransformerBlockSubmodules:
     """All layers plus the final norm (megatron's default final norm would be its SP-refusing torch norm)."""
-    return TransformerBlockSubmodules(layer_specs=[layer_spec(proj)] * num_layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec(proj, attention)] * num_layers, layer_norm=RMSNorm)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from infir.model.documents import build_layout, cp_positions
+
 
 def sample_indices(step: int, micro: int, *, global_batch: int, micro_batch: int, dp: int, dp_rank: int, num_samples: int, seed: int, shuffle: bool = True) -> list[int]:
     """Dataset indices of micro-batch `micro` of optimizer step `step` on data-parallel rank `dp_rank`.
@@ -42,29 +44,26 @@ def collate(samples: list[dict]) -> dict[str, torch.Tensor]:
     return {k: torch.stack([torch.as_tensor(s[k]) for s in samples]) for k in keys}
 
 
-def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Megatron-convention mask [b, 1, s, s], True = masked out: causal, and no attention across samples.
+def to_model_inputs(batch: dict[str, torch.Tensor], device: torch.device, cp: int = 1, cp_rank: int = 0) -> dict:
+    """The model's inputs on `device`, for the tokens context-parallel rank `cp_rank` of `cp` holds.
 
-    The data side's mask (True = may attend, SDPA's convention) inverted. With the block-diagonal mask,
-    RoPE needs no position reset: attention inside one sample depends only on relative positions,
-    which are the same whether positions restart at the sample or not.
+    Rows whose positions restart (packed documents) or a context-parallel split come with a
+    `DocumentLayout` as `packed_seq_params`, built on the host from the full rows' positions; plain
+    causal rows with None.
     """
-    from infir.data.sft import packed_attention_mask
+    tokens = batch["tokens"]
+    positions = batch["position_ids"] if "position_ids" in batch else torch.arange(tokens.shape[1]).expand_as(tokens)
+    layout = build_layout(positions, cp, cp_rank)
+    local = torch.as_tensor(cp_positions(tokens.shape[1], cp, cp_rank))
+    loss_mask = batch["loss_mask"].float() if "loss_mask" in batch else torch.ones(tokens.shape, dtype=torch.float)
 
-    return ~packed_attention_mask(segment_ids)[:, None]
+    def put(t, dtype):
+        return t[:, local].to(device, dtype, non_blocking=True)
 
-
-def to_model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict:
-    tokens = batch["tokens"].to(device, non_blocking=True).long()
-    out = {
-        "input_ids": tokens,
-        "position_ids": batch["position_ids"].to(device, non_blocking=True).long()
-        if "position_ids" in batch
-        else torch.arange(tokens.shape[1], device=device).expand_as(tokens),
-        "labels": batch["labels"].to(device, non_blocking=True).long(),
-        "loss_mask": batch["loss_mask"].to(device, non_blocking=True).float()
-        if "loss_mask" in batch
-        else torch.ones_like(tokens, dtype=torch.float),
-        "attention_mask": attention_mask(batch["segment_ids"].to(device)) if "segment_ids" in batch else None,
+    return {
+        "input_ids": put(tokens, torch.long),
+        "position_ids": put(positions, torch.long),
+        "labels": put(batch["labels"], torch.long),
+        "loss_mask": put(loss_mask, torch.float),
+        "packed_seq_params": layout.to(device) if layout is not None else None,
     }
-    return out

@@ -49,7 +49,7 @@ def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: di
     dist.barrier()
 
     def write_rank_files():
-        if info.dp_rank == 0:
+        if info.dp_rank == 0 and info.cp_rank == 0:  # the other DP and CP ranks hold the same shard
             fmt.save_shard(tmp, info.tp_rank, fmt.model_state(model))
             torch.save({"optimizer": optimizer.state_dict(), **trainer_state}, tmp / f"train_tp{info.tp_rank}.pt")
         torch.save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")

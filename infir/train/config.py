@@ -121,6 +121,6 @@ def validate(cfg: DictConfig) -> None:
     problem = _writable(Path(cfg.run_dir))
     check(problem is None, "run_dir", cfg.run_dir, f"a directory this process can write ({problem})")
     try:
-        check_parallel(SIZES[cfg.model.name], cfg.parallel.tp, st.seq_length, cfg.parallel.sequence_parallel)
+        check_parallel(SIZES[cfg.model.name], cfg.parallel.tp, st.seq_length, cfg.parallel.sequence_parallel, cfg.parallel.cp)
     except ValueError as e:
         raise ConfigError(str(e)) from None

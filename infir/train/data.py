@@ -71,7 +71,7 @@ def build_data(cfg, info, vocab: int):
         return build_pretrain_datasets(
             _blend(train_src), seq_length=seq, tokenizer=tok, valid_blend=_blend(valid_src) if valid_src else None,
             train_samples=cfg.stage.iters * cfg.stage.global_batch, valid_samples=max(valid_samples, 1), seed=cfg.seed,
-            cache_dir=Path(cfg.run_dir) / "data_cache",
+            cache_dir=Path(cfg.run_dir) / "data_cache", reset_at_eod=cfg.data.reset_attention_at_eod,
         )
     from infir.data.sft import build_sft_dataset
 

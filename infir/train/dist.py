@@ -1,4 +1,4 @@
-"""Process-group setup for torchrun (or a single process): NCCL on GPUs, gloo on CPU, megatron's TP/DP groups."""
+"""Process-group setup for torchrun (or a single process): NCCL on GPUs, gloo on CPU, megatron's TP/CP/DP groups."""
 from __future__ import annotations
 
 import datetime
@@ -19,6 +19,8 @@ class DistInfo:
     tp_rank: int
     dp_rank: int
     device: torch.device
+    cp: int = 1
+    cp_rank: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -38,15 +40,15 @@ def pick_device(choice: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def init(tp: int, device_choice: str = "auto", timeout_s: int = 600) -> DistInfo:
+def init(tp: int, device_choice: str = "auto", timeout_s: int = 600, cp: int = 1) -> DistInfo:
     from megatron.core import parallel_state as ps
 
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(device_choice, local_rank)
-    if world % tp:
-        raise ValueError(f"parallel.tp={tp} does not divide the number of processes ({world}); launch tp x dp processes")
+    if world % (tp * cp):
+        raise ValueError(f"parallel.tp x parallel.cp = {tp} x {cp} does not divide the number of processes ({world}); launch tp x cp x dp processes")
     if not dist.is_initialized():
         # A single process without torchrun rendezvous in memory: no port, and nothing written to
         # os.environ that a later child process would inherit.
@@ -60,16 +62,18 @@ def init(tp: int, device_choice: str = "auto", timeout_s: int = 600) -> DistInfo
             **({"device_id": device} if device.type == "cuda" else {}),
         )
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, context_parallel_size=cp)
     return DistInfo(
         rank=rank,
         world_size=world,
         local_rank=local_rank,
         tp=tp,
-        dp=world // tp,
+        dp=world // (tp * cp),
         tp_rank=ps.get_tensor_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
         device=device,
+        cp=cp,
+        cp_rank=ps.get_context_parallel_rank(),
     )
 
 

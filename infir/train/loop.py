@@ -58,6 +58,7 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
     tcfg = transformer_config(
         size,
         tp=info.tp,
+        cp=info.cp,
         sequence_parallel=cfg.parallel.sequence_parallel,
         params_dtype=param_dtype,
         init_std=cfg.model.init_std,
@@ -69,6 +70,7 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
     model = build_gpt(
         size, tcfg, recipe, seq_length=cfg.stage.seq_length,
         chunked_loss=_on_gpu(cfg.model.chunked_loss, device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
+        attention=cfg.model.attention,
     ).to(device)
     graphed = False
     if _on_gpu(cfg.model.compile, device):
@@ -122,11 +124,11 @@ class Trainer:
         from infir.train.fp8_health import HealthMonitor
 
         self.cfg, st = cfg, cfg.stage
-        self.info = info = distributed.init(cfg.parallel.tp, cfg.device)
+        self.info = info = distributed.init(cfg.parallel.tp, cfg.device, cp=cfg.parallel.cp)
         seed_everything(cfg.seed)
         self.device = info.device
         self.size = get_size(cfg.model.name)
-        check_parallel(self.size, info.tp, st.seq_length, cfg.parallel.sequence_parallel)
+        check_parallel(self.size, info.tp, st.seq_length, cfg.parallel.sequence_parallel, cp=info.cp)
         self.accum = grad_accumulation(st, info)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
@@ -190,13 +192,18 @@ class Trainer:
                 dp_rank=info.dp_rank, num_samples=len(self.train_ds), seed=self.cfg.seed,
                 shuffle=not getattr(self.train_ds, "sequential", False),
             )
-            out.append(batching.to_model_inputs(batching.collate([self.train_ds[i] for i in idx]), self.device))
+            out.append(self._inputs([self.train_ds[i] for i in idx]))
         return out
 
+    def _inputs(self, samples: list[dict]) -> dict:
+        """A micro-batch on this rank's device: the tokens of its context-parallel share."""
+        return batching.to_model_inputs(batching.collate(samples), self.device, self.info.cp, self.info.cp_rank)
+
     def _forward(self, mb: dict) -> torch.Tensor:
-        """The loss_mask-weighted sum of token losses of one micro-batch."""
+        """The loss_mask-weighted sum of token losses of one micro-batch (of this rank's tokens)."""
         with precision.autocast(self.recipe, self.device):
-            out = self.model(mb["input_ids"], mb["position_ids"], mb["attention_mask"], labels=mb["labels"], loss_mask=mb["loss_mask"])
+            out = self.model(mb["input_ids"], mb["position_ids"], None, labels=mb["labels"], loss_mask=mb["loss_mask"],
+                             packed_seq_params=mb["packed_seq_params"])
         return out if self.model.module.chunked_loss else (out.float() * mb["loss_mask"]).sum()
 
     def train_step(self, step: int) -> dict:
@@ -217,12 +224,12 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for mb in micro_batches:
             loss = self._forward(mb)
-            # megatron DDP averages gradients over DP ranks; undo that share of the mean here.
-            (loss * (self.info.dp / n_tokens)).backward()
+            # megatron DDP averages gradients over the DP x CP ranks; undo that share of the mean here.
+            (loss * (self.info.dp * self.info.cp / n_tokens)).backward()
             loss_sum += loss.detach()
         from megatron.core.distributed import finalize_model_grads
 
-        finalize_model_grads([self.model])  # DP all-reduce, plus TP all-reduce of sequence-parallel norm grads
+        finalize_model_grads([self.model])  # DP x CP all-reduce, plus TP all-reduce of sequence-parallel norm grads
         dist.all_reduce(loss_sum, group=self._dp_group())
         return (loss_sum / n_tokens).item()
 
@@ -252,9 +259,10 @@ class Trainer:
             torch._foreach_mul_([p.main_grad for p in self.params], coef)
 
     def _dp_group(self):
+        """The ranks whose tokens make up the global batch: data- and context-parallel."""
         from megatron.core import parallel_state as ps
 
-        return ps.get_data_parallel_group()
+        return ps.get_data_parallel_group(with_context_parallel=True)
 
     def _grad_norm(self) -> float:
         """Global L2 norm of the gradients, counting each tensor-parallel-replicated parameter once."""
@@ -281,7 +289,7 @@ class Trainer:
         with stance:
             for start in range(info.dp_rank * st.micro_batch, n, st.micro_batch * info.dp):
                 idx = list(range(start, min(start + st.micro_batch, n)))
-                mb = batching.to_model_inputs(batching.collate([self.valid_ds[i] for i in idx]), self.device)
+                mb = self._inputs([self.valid_ds[i] for i in idx])
                 total += torch.stack([self._forward(mb), mb["loss_mask"].sum()])
         dist.all_reduce(total, group=self._dp_group())
         return (total[0] / total[1].clamp(min=1)).item()
@@ -320,7 +328,7 @@ class Trainer:
         self.log.summary({
             "run_name": cfg.run_name, "model": cfg.model.name, "precision": cfg.precision.name,
             "optimizer": cfg.optimizer.name, "stage": cfg.stage.name, "status": status, "step": self.step,
-            "total_iters": self.total_iters, "tp": self.info.tp, "dp": self.info.dp, **extra,
+            "total_iters": self.total_iters, "tp": self.info.tp, "cp": self.info.cp, "dp": self.info.dp, **extra,
         })
 
     def train(self) -> dict:
@@ -343,7 +351,7 @@ class Trainer:
         tr = self.cfg.train
         self._summary("running")
         self.log.console(
-            f"{self.cfg.run_name}: {self.size.num_params() / 1e6:.1f}M params, tp={self.info.tp} dp={self.info.dp}, "
+            f"{self.cfg.run_name}: {self.size.num_params() / 1e6:.1f}M params, tp={self.info.tp} cp={self.info.cp} dp={self.info.dp}, "
             f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.name}"
         )
         launch_steps, window, last = 0, _Window(), {}

@@ -48,6 +48,7 @@ class ModelConfig:
     fusions: AutoBool = "auto"
     chunked_loss: AutoBool = "auto"
     loss_chunk_tokens: int = 8192
+    attention: str = "auto"          # packed documents / context parallelism: auto | varlen | flex | sdpa
 
     def __post_init__(self):
         from infir.model.qwen import SIZES
@@ -61,6 +62,9 @@ class ModelConfig:
         check(self.compile_mode in COMPILE_MODES, "model.compile_mode", self.compile_mode,
               f"one of {', '.join(COMPILE_MODES)} (auto, or one of torch.compile's modes)")
         _positive_int("model.loss_chunk_tokens", self.loss_chunk_tokens)
+        from infir.model.attention import KERNELS
+
+        _one_of("model.attention", self.attention, KERNELS)
 
 
 @dataclass
@@ -101,6 +105,7 @@ class DataConfig:
     tokenizer: Optional[str] = MISSING  # a HF tokenizer directory; null: the demo tokenizer
     sources: Optional[Dict[str, Any]] = None  # stage.dataset -> a prefix, a [weight, prefix, ...] blend or a mixture file
     valid: Any = None                # a prefix or blend for validation; null: held out of the training data
+    reset_attention_at_eod: bool = False  # pretraining: documents attend only themselves, positions restart after EOD
 
     def __post_init__(self):
         _one_of("data.name", self.name, ("demo", "custom", "synthetic"))
@@ -142,9 +147,11 @@ class StageConfig:
 class ParallelConfig:
     tp: int = 1                      # tensor-parallel size; data parallel takes the rest of the launch's ranks
     sequence_parallel: bool = False
+    cp: int = 1                      # context-parallel size: the sequence split over cp ranks
 
     def __post_init__(self):
         check(self.tp >= 1, "parallel.tp", self.tp, "an integer >= 1")
+        check(self.cp >= 1, "parallel.cp", self.cp, "an integer >= 1")
 
 
 @dataclass

@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from infir.data import DEMO_TOKENIZER
 from infir.data.cli import main as prep_main
-from infir.data.sft import build_sft_dataset, cu_seqlens, pack_best_fit, packed_attention_mask, prepare_sft
+from infir.data.sft import build_sft_dataset, pack_best_fit, prepare_sft
+from infir.model.documents import build_layout, document_ids, reference_mask
 
 pytestmark = pytest.mark.filterwarnings("ignore:Transformer Engine and Apex")
 
@@ -85,8 +86,9 @@ def test_unmasked_tokens_are_exactly_the_assistant_turns(which, tmp_path, qwen_l
     seen = []
     for i in range(len(ds)):
         item = ds[i]
+        doc = document_ids(item["position_ids"])
         for k, sample in enumerate(ds.rows[i]):
-            sel = (item["segment_ids"] == k) & (item["loss_mask"] > 0)
+            sel = (doc == k + 1) & (item["loss_mask"] > 0)
             assert tok.decode(item["labels"][sel].tolist()) == _assistant_turns(rows[sample])
             seen.append(sample)
     assert sorted(seen) == list(range(len(rows)))
@@ -104,21 +106,23 @@ def test_packing_layout_and_attention_isolation(tmp_path):
     assert len(ds) < 120  # rows hold several samples
     for i in range(len(ds)):
         item = ds[i]
-        seg, pos = item["segment_ids"], item["position_ids"]
+        pos = item["position_ids"]
+        seg = document_ids(pos)  # documents start where positions restart: sample k is document k + 1
         for k, sample in enumerate(ds.rows[i]):
-            idx = torch.nonzero(seg == k).flatten()
+            idx = torch.nonzero(seg == k + 1).flatten()
             assert (idx == torch.arange(idx[0], idx[0] + len(idx))).all()  # contiguous
             assert pos[idx].tolist() == list(range(len(idx)))             # positions restart
             full = samples[sample].tolist()
             assert item["tokens"][idx].tolist() == full[:-1] and item["labels"][idx].tolist() == full[1:]
-        pad = seg == len(ds.rows[i])
+        pad = seg == len(ds.rows[i]) + 1
         assert (item["loss_mask"][pad] == 0).all()
 
-        # Attention through the packed mask equals attending within each sample alone.
-        bounds = cu_seqlens(seg)
+        # Attention within the trainer's documents equals attending within each sample alone.
+        layout = build_layout(pos[None])
+        bounds = layout.cu_seqlens_q
         assert bounds[0] == 0 and bounds[-1] == S and len(bounds) == len(ds.rows[i]) + 1 + int(pad.any())
         q, k_, v = (torch.randn(1, 2, S, 8, dtype=torch.float64) for _ in range(3))
-        packed = F.scaled_dot_product_attention(q, k_, v, attn_mask=packed_attention_mask(seg))
+        packed = F.scaled_dot_product_attention(q, k_, v, attn_mask=reference_mask(layout))
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             alone = F.scaled_dot_product_attention(q[..., a:b, :], k_[..., a:b, :], v[..., a:b, :], is_causal=True)
             torch.testing.assert_close(packed[..., a:b, :], alone)

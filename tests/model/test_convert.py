@@ -59,22 +59,6 @@ def tokens_for(size: QwenSize, batch: int = 2) -> torch.Tensor:
     return torch.randint(0, size.vocab, (batch, SEQ), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(scope="module")
-def megatron_tp1():
-    """torch.distributed (gloo, one process) and megatron's parallel state at TP=1."""
-    from megatron.core import parallel_state
-
-    owned = not dist.is_initialized()
-    if owned:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1)
-    yield
-    parallel_state.destroy_model_parallel()
-    if owned:
-        dist.destroy_process_group()
-
-
 def megatron_logits(size: QwenSize, state: dict, tokens: torch.Tensor) -> torch.Tensor:
     from infir.model import build_gpt, transformer_config
 

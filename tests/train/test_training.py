@@ -196,26 +196,6 @@ def test_sft_stage_starts_from_the_cpt_checkpoint_on_packed_samples(demo_root, t
     assert summary(sft)["stage"] == "sft1"
 
 
-def test_packed_mask_keeps_samples_apart_through_the_attention_core():
-    """The trainer's mask through SDPAttention equals attending each packed sample on its own."""
-    import torch
-
-    from infir.model.attention import SDPAttention
-    from infir.model.qwen import get_size, transformer_config
-    from infir.train.batch import attention_mask
-
-    cfg = transformer_config(get_size("tiny"))
-    attn = SDPAttention(cfg, layer_number=1, attn_mask_type=None, attention_type="self")
-    s, heads, d = 10, cfg.num_attention_heads, cfg.kv_channels
-    q = torch.randn(s, 1, heads, d)
-    k, v = torch.randn(s, 1, cfg.num_query_groups, d), torch.randn(s, 1, cfg.num_query_groups, d)
-    seg = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 2, 2, 2]])
-    packed = attn(q, k, v, attention_mask(seg))
-    for lo, hi in ((0, 4), (4, 7), (7, 10)):
-        alone = attn(q[lo:hi], k[lo:hi], v[lo:hi], None)
-        torch.testing.assert_close(packed[lo:hi], alone)
-
-
 def test_recomputation_under_bf16_autocast_gives_the_same_training_steps(demo_root, tmp_path):
     """Activation recomputation re-runs layers in the backward, outside the trainer's autocast:
     with FP32 master weights and BF16 autocast (precision=bf16) a full-recompute run once failed
