@@ -5,7 +5,8 @@ Cases, at Qwen2.5-1.5B's and 7B's heads (12/2 and 28/4 query/KV heads, head dim 
 - causal: SDPA with each backend forced (cuDNN, flash, memory-efficient) and FlexAttention's causal block mask;
 - documents (a sequence packed from documents of seeded log-normal lengths, causal within each): SDPA with the
   dense [s, s] boolean mask (what packed SFT handed it), FlexAttention with a document block mask, and
-  `torch.nn.attention.varlen.varlen_attn` (FlashAttention varlen) over the documents' cumulative lengths.
+  `torch.nn.attention.varlen.varlen_attn` (FlashAttention varlen) over the documents' cumulative lengths;
+  and infir's CoreAttention on the same documents (what the trainer runs: its varlen and flex kernels).
 Each kernel's output and input gradients are checked against the dense-mask SDPA reference first (bf16
 tolerance); TFLOP/s counts only the unmasked work (causal: half of each document's square).
 
@@ -14,7 +15,6 @@ tolerance); TFLOP/s counts only the unmasked work (causal: half of each document
 from __future__ import annotations
 
 import inspect
-import math
 import sys
 from pathlib import Path
 
@@ -24,21 +24,11 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import base_parser, bench_ms, emit, markdown_table  # noqa: E402
 
+from infir.train.synthetic import document_lengths  # noqa: E402
+
 HEADS = {"qwen2.5-1.5b": (12, 2), "qwen2.5-7b": (28, 4)}
 HEAD_DIM = 128
 SDPA_BACKENDS = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")
-
-
-def document_lengths(seq: int, median: int, seed: int = 0) -> list[int]:
-    """Lengths of documents packed to exactly `seq` tokens: log-normal around `median` (sigma 1), the last cut."""
-    g = torch.Generator().manual_seed(seed)
-    lengths, total = [], 0
-    while total < seq:
-        n = max(16, int(median * math.exp(torch.randn((), generator=g).item())))
-        n = min(n, seq - total)
-        lengths.append(n)
-        total += n
-    return lengths
 
 
 def attended_pairs(lengths: list[int]) -> int:
@@ -94,6 +84,28 @@ def varlen_case(q, k, v, lengths):
     return lambda: varlen_attn(qt, kt, vt, cu, cu, m, m, **kw).transpose(0, 1).unsqueeze(0)
 
 
+def infir_case(q, k, v, lengths, kernel: str):
+    """infir's CoreAttention as the trainer runs it: [s, b, h, d] in, a DocumentLayout from the
+    positions (what its wrappers around the kernel cost shows against the bare kernel's row)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from infir.model.attention import CoreAttention
+    from infir.model.documents import build_layout
+
+    hq, hkv = q.shape[1], k.shape[1]
+    cfg = TransformerConfig(num_layers=1, hidden_size=hq * HEAD_DIM, num_attention_heads=hq, num_query_groups=hkv,
+                            kv_channels=HEAD_DIM, attention_dropout=0.0)
+    attn = CoreAttention(cfg, layer_number=1, attn_mask_type=None, attention_type="self", kernel=kernel)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    layout = build_layout(positions).to(q.device)
+    s = q.shape[2]
+
+    def run():
+        out = attn(*(t.permute(2, 0, 1, 3) for t in (q, k, v)), None, packed_seq_params=layout)
+        return out.view(s, 1, hq, HEAD_DIM).permute(1, 2, 0, 3)
+    return run
+
+
 def fwd_bwd(fn, q, k, v, dy):
     def run():
         for t in (q, k, v):
@@ -124,6 +136,8 @@ def cases(q, k, v, lengths) -> list[tuple[str, str, object]]:
     out.append(("documents", "sdpa dense mask", lambda: sdpa(q, k, v, mask=mask)))
     out.append(("documents", "flex document mask", flex_case(q, k, v, lengths, causal_only=False)))
     out.append(("documents", "varlen (flash)", varlen_case(q, k, v, lengths)))
+    for kernel in ("varlen", "flex"):
+        out.append(("documents", f"infir CoreAttention ({kernel})", infir_case(q, k, v, lengths, kernel)))
     return out
 
 

@@ -15,6 +15,11 @@ GEMM ceiling and r are measured at one rank's shards of the shapes; rank 0 repor
     torchrun --nproc_per_node 2 bench/step.py --parallel tp2 --models qwen2.5-7b --mbs 1 --accum 4 \
         --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 \
                 qwen2.5-7b:none:fp8_blockwise_ue8m0+parallel.sequence_parallel=false
+
+Packed documents (InfiR2's SFT shape): `+data.synthetic_doc_median=2048` packs each row from documents of
+log-normal lengths (median 2048 tokens, sigma 1); context parallelism: `+parallel.cp=2` (launch tp x cp
+ranks). Each row also gives TFLOP/s as Megatron-LM counts it (infir.train.flops.megatron_lm_flops_per_token:
+the whole score square), the count of Megatron-based reports such as InfiR2's Table 6.
 """
 from __future__ import annotations
 
@@ -375,6 +380,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
              parallel: str = "single") -> dict:
     """precision: a conf/precision name, optionally followed by "+" and comma-separated Hydra
     overrides (fp8_blockwise_ue8m0+precision.fp8_swiglu_input=false, bf16+parallel.sequence_parallel=false)."""
+    from infir.train.flops import megatron_lm_flops_per_token
     from infir.train.loop import Trainer
 
     name = precision.partition("+")[0]
@@ -383,6 +389,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(cfg)
     tp = cfg.parallel.tp
+    tokens = mbs * seq // cfg.parallel.cp  # one rank's tokens per micro-batch: what its GEMMs see
 
     def step(i):  # as the training loop steps: train.gc_interval's collections at its step boundaries
         trainer.train_step(trainer.step + i)
@@ -393,8 +400,9 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     row = {"model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
            **timed}
     tflops = row["TFLOP/s"]
+    row["TFLOP/s (Megatron-LM count)"] = tflops * megatron_lm_flops_per_token(trainer.size, seq) / trainer.flops_per_token
     row.update(memory_split(trainer))
-    ceiling = gemm_ceiling(trainer.size, mbs * seq, tp)
+    ceiling = gemm_ceiling(trainer.size, tokens, tp)
     row["GEMM_ceiling_TFLOP/s"] = ceiling
     row["MFU(ceiling)"] = tflops / ceiling
     if profile:
@@ -403,9 +411,9 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
         if name == "bf16":
             # f: the share FP8 can speed up (block GEMMs, fwd + bwd; LM-head GEMMs taken out).
             # the LM head runs once per micro-batch: `accum` times a step
-            lm = accum * lm_head_ms(trainer.size, mbs * seq, tp) / row["step_ms"]
+            lm = accum * lm_head_ms(trainer.size, tokens, tp) / row["step_ms"]
             f = max(prof.get("gemm", 0.0) - lm, 0.0)
-            r = fp8_gemm_speedup(trainer.size, mbs * seq, tp)
+            r = fp8_gemm_speedup(trainer.size, tokens, tp)
             row.update({"f_block_gemm": f, "r_fp8_gemm": r, "fp8_ceiling": 1.0 / ((1 - f) + f / r)})
     trainer.log.finish()
     del trainer
@@ -516,7 +524,7 @@ def main() -> None:
     if profiles:
         cols = ["case"] + sorted({k for r in profiles for k in r if k != "case"})
         sections.append("GPU time by kernel class (one step):\n\n" + markdown_table(profiles, cols))
-    emit("Training step, infir trainer (megatron-core GPTModel, SDPA attention)", sections,
+    emit("Training step, infir trainer (megatron-core GPTModel, torch attention kernels)", sections,
          args.out if reporting else None)
     from infir.train import dist as distributed
 

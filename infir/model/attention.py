@@ -113,6 +113,11 @@ class CoreAttention(MegatronModule):
         if layout.cp > 1:
             group = self.cp_group or parallel_state.get_context_parallel_group()
             key, value = (gather_from_sequence_parallel_region(t, True, group=group) for t in (key, value))
+        return self.attend_documents(query, key, value, layout)
+
+    def attend_documents(self, query, key, value, layout: DocumentLayout):
+        """query: this rank's [s, b, h, d]; key, value: the whole sequence's [S, b, groups, d] (under
+        CP, every rank's tokens in rank order, as the all-gather leaves them). Returns [s, b, h, d]."""
         kernel = resolve_kernel(self.kernel, query.device)
         if kernel != "sdpa" and self.training and self.dropout:
             raise ValueError(f"model.attention={kernel} has no attention dropout; use model.attention=sdpa")

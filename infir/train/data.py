@@ -59,7 +59,9 @@ def build_data(cfg, info, vocab: int):
     """
     seq = cfg.stage.seq_length
     if cfg.data.name == "synthetic":
-        return RandomTokens(vocab, seq, seed=cfg.seed), RandomTokens(vocab, seq, num_samples=4096, seed=cfg.seed + 1)
+        docs = cfg.data.synthetic_doc_median
+        return (RandomTokens(vocab, seq, seed=cfg.seed, doc_median=docs),
+                RandomTokens(vocab, seq, num_samples=4096, seed=cfg.seed + 1, doc_median=docs))
     train_src, valid_src = _sources(cfg, info)
     tok = tokenizer_dir(cfg)
     if cfg.stage.dataset == "pretrain":

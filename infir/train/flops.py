@@ -26,6 +26,19 @@ def flops_per_token(size: QwenSize, seq_length: int) -> float:
     return 6.0 * matmul_params(size) + 6.0 * size.layers * size.hidden * seq_length
 
 
+def megatron_lm_flops_per_token(size: QwenSize, seq_length: int) -> float:
+    """Training FLOPs per token as Megatron-LM counts them (`num_floating_point_operations` in
+    megatron/training/training.py, after Narayanan et al. 2021, appendix "Floating-point operations"),
+    the count behind TFLOP/s figures of Megatron-based reports such as InfiR2's: 12 x layers x hidden^2
+    x [(1 + kv_heads/heads + seq/hidden) x (heads x head_dim / hidden) + 3/2 x ffn/hidden (SwiGLU)
+    + vocab / (2 x layers x hidden)]. It counts the whole [s, s] score square (no causal half), so at
+    32k it is well above `flops_per_token`; compare like with like."""
+    d, L = size.hidden, size.layers
+    q_ratio = size.heads * size.head_dim / d
+    attention = (1 + size.kv_heads / size.heads + seq_length / d) * q_ratio
+    return 12.0 * L * d * d * (attention + 1.5 * size.ffn / d + size.vocab / (2 * L * d))
+
+
 def peak_tflops(device: torch.device) -> float | None:
     """The device's dense BF16 peak, or None where unknown (CPU): MFU is then not reported."""
     if device.type != "cuda":

@@ -106,9 +106,12 @@ class DataConfig:
     sources: Optional[Dict[str, Any]] = None  # stage.dataset -> a prefix, a [weight, prefix, ...] blend or a mixture file
     valid: Any = None                # a prefix or blend for validation; null: held out of the training data
     reset_attention_at_eod: bool = False  # pretraining: documents attend only themselves, positions restart after EOD
+    synthetic_doc_median: Optional[int] = None  # data=synthetic: rows packed from log-normal documents of this median length
 
     def __post_init__(self):
         _one_of("data.name", self.name, ("demo", "custom", "synthetic"))
+        check(self.synthetic_doc_median is None or self.synthetic_doc_median > 0, "data.synthetic_doc_median",
+              self.synthetic_doc_median, "a positive number of tokens, or null (whole rows)")
 
 
 @dataclass

@@ -7,12 +7,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import attention  # noqa: E402
 
+from infir.train.synthetic import document_lengths  # noqa: E402
+
 
 def test_documents_pack_to_the_sequence_and_the_mask_keeps_their_causal_pairs():
     for seq, median in ((4096, 512), (8192, 1536), (1000, 2000)):
-        lengths = attention.document_lengths(seq, median)
+        lengths = document_lengths(seq, median)
         assert sum(lengths) == seq and min(lengths) >= 1
-        assert attention.document_lengths(seq, median) == lengths  # seeded
+        assert document_lengths(seq, median) == lengths  # seeded
         if seq <= 4096:
             mask = attention.dense_document_mask(lengths, "cpu")
             assert int(mask.sum()) == attention.attended_pairs(lengths)
