@@ -3,8 +3,14 @@
 #   bash bench/gpu_suite.sh tests          pytest -m gpu over every module that holds gpu tests
 #   bash bench/gpu_suite.sh kernels        bench/quant.py (+ --swiglu), bench/linear.py (+ linear_kernels.py), bench/wgrad_lt.py,
 #                                          bench/optim.py
-#   bash bench/gpu_suite.sh attention      bench/attention.py: attention kernels fwd+bwd at 1.5B/7B heads, 8k and 32k,
-#                                          causal and packed documents
+#   bash bench/gpu_suite.sh attention      bench/attention.py: attention kernels fwd+bwd at 1.5B/7B heads, 8k, 16k and
+#                                          32k, causal and packed documents (infir's CoreAttention beside the bare kernels)
+#   bash bench/gpu_suite.sh step-1.5b-32k-packed  bench/step.py: 1.5B, one row of 32k tokens per micro-batch, full
+#                                          recomputation: causal rows vs rows packed from documents (median 2048),
+#                                          BF16 vs fp8_blockwise_ue8m0 (+ profile)
+#   bash bench/gpu_suite.sh table6-2gpu    bench/step.py under torchrun, two GPUs, InfiR2's Table 6 shapes: 1.5B at 32k
+#                                          TP=2, 7B at 8k TP=2 and 7B at 32k TP=2 (does it fit 80 GB), BF16 vs FP8
+#   bash bench/gpu_suite.sh table6-4gpu    the same on four GPUs: 7B at 32k with TP=4, and with TP=2 x CP=2
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -67,7 +73,27 @@ for stage in "$@"; do
       run wgrad_lt python3 bench/wgrad_lt.py --fprop-dgrad --out "$OUT/wgrad_lt.md"
       run optim python3 bench/optim.py --out "$OUT/optim.md" ;;
     attention)
-      for m in 1.5b 7b; do run "attention_$m" python3 bench/attention.py --models "qwen2.5-$m" --out "$OUT/attention_$m.md"; done ;;
+      for m in 1.5b 7b; do run "attention_$m" python3 bench/attention.py --models "qwen2.5-$m" --seq 8192 16384 32768 \
+        --out "$OUT/attention_$m.md"; done ;;
+    step-1.5b-32k-packed)
+      DOCS=data.synthetic_doc_median=2048
+      run step_1.5b_32k_packed python3 bench/step.py --seq 32768 --mbs 1 --steps 3 --accum 2 --profile \
+        --out "$OUT/step_1.5b_32k_packed.md" --cases qwen2.5-1.5b:full:bf16 qwen2.5-1.5b:full:fp8_blockwise_ue8m0 \
+        "qwen2.5-1.5b:full:bf16+$DOCS" "qwen2.5-1.5b:full:fp8_blockwise_ue8m0+$DOCS" ;;
+    table6-2gpu)
+      run table6_1.5b_32k_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
+        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_1.5b_32k_tp2.md" \
+        --cases qwen2.5-1.5b:full:bf16 qwen2.5-1.5b:full:fp8_blockwise_ue8m0
+      run table6_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
+        --seq 8192 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_7b_tp2.md" \
+        --cases qwen2.5-7b:full:bf16 qwen2.5-7b:full:fp8_blockwise_ue8m0 ;;
+    table6-4gpu)
+      run table6_7b_32k_tp4 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp4 \
+        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_7b_32k_tp4.md" \
+        --cases qwen2.5-7b:full:bf16 qwen2.5-7b:full:fp8_blockwise_ue8m0
+      run table6_7b_32k_tp2cp2 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp2 \
+        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_7b_32k_tp2cp2.md" \
+        --cases qwen2.5-7b:full:bf16+parallel.cp=2 qwen2.5-7b:full:fp8_blockwise_ue8m0+parallel.cp=2 ;;
     step-1.5b)
       run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \
         --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 qwen2.5-1.5b:none:fp8_blockwise_fp32 \

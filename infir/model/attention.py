@@ -7,10 +7,10 @@ and Transformer Engine's fused attention cannot be assumed.
 Which kernel, by measurement on the H100 (bench/attention.py, fwd+bwd of one layer, Qwen2.5 heads):
 - plain causal rows: SDPA with `is_causal`, which picks cuDNN's fused kernel there (1.7x flash at 32k);
 - packed documents or context parallelism (a `DocumentLayout` arrives as `packed_seq_params`):
-  `kernel="varlen"`, FlashAttention's variable-length kernel (`torch.nn.attention.varlen`), the
-  fastest at 32k (at 8k FlexAttention is a few percent faster) and it needs no per-batch block mask
-  or compilation; `kernel="flex"` runs FlexAttention with a document block mask instead;
-  `kernel="sdpa"` the dense-mask reference, which is also what runs on CPU (the other two are CUDA's).
+  `kernel="varlen"`, FlashAttention's variable-length kernel (`torch.nn.attention.varlen`), or
+  `kernel="flex"`, FlexAttention with a document block mask (built once per micro-batch);
+  `kernel="auto"` picks by row length (FLEX_FROM_TOKENS), as measured; `kernel="sdpa"` the
+  dense-mask reference, which is also what runs on CPU (the other two are CUDA's).
 
 Under context parallelism the keys and values are all-gathered over the group (megatron's sequence
 gather: its backward reduce-scatters their gradients). Qwen2.5 has 2-4 KV heads, so the gather moves
@@ -40,10 +40,21 @@ from infir.model.documents import DocumentLayout, document_ids, gathered_order, 
 KERNELS = ("auto", "varlen", "flex", "sdpa")
 
 
-def resolve_kernel(kernel: str, device: torch.device) -> str:
-    """`auto`: varlen on CUDA, the SDPA reference elsewhere."""
+# From this row length on, `auto` runs FlexAttention: on the H100 (bench/attention.py, 1.5B and 7B heads,
+# documents of median 1.5k tokens) it is 1.2x faster than varlen at 32k and 1.3-1.4x slower at 8k.
+FLEX_FROM_TOKENS = 16384
+
+
+def resolve_kernel(kernel: str, device: torch.device, row_tokens: int = 0, dtype: torch.dtype = torch.bfloat16) -> str:
+    """`auto`: on CUDA varlen, or flex for rows of FLEX_FROM_TOKENS or more and for FP32 (FlashAttention
+    takes 16-bit inputs only); the SDPA reference elsewhere."""
+    half = dtype in (torch.bfloat16, torch.float16)
     if kernel == "auto":
-        return "varlen" if device.type == "cuda" else "sdpa"
+        if device.type != "cuda":
+            return "sdpa"
+        return "flex" if row_tokens >= FLEX_FROM_TOKENS or not half else "varlen"
+    if kernel == "varlen" and not half:
+        raise ValueError(f"model.attention=varlen takes bf16/fp16 inputs, got {dtype}; use model.attention=flex or auto")
     if kernel != "sdpa" and device.type != "cuda":
         raise ValueError(f"model.attention={kernel} runs on CUDA only; use model.attention=sdpa (or auto) on {device.type}")
     return kernel
@@ -118,7 +129,7 @@ class CoreAttention(MegatronModule):
     def attend_documents(self, query, key, value, layout: DocumentLayout):
         """query: this rank's [s, b, h, d]; key, value: the whole sequence's [S, b, groups, d] (under
         CP, every rank's tokens in rank order, as the all-gather leaves them). Returns [s, b, h, d]."""
-        kernel = resolve_kernel(self.kernel, query.device)
+        kernel = resolve_kernel(self.kernel, query.device, layout.positions.shape[1], query.dtype)
         if kernel != "sdpa" and self.training and self.dropout:
             raise ValueError(f"model.attention={kernel} has no attention dropout; use model.attention=sdpa")
         if kernel == "varlen":
@@ -135,12 +146,10 @@ class CoreAttention(MegatronModule):
         q, k, v = (t.transpose(0, 1).reshape(-1, *t.shape[2:]) for t in (query, key, value))
         if layout.key_index is not None:
             k, v = k[layout.key_index], v[layout.key_index]
-        gqa = _varlen_takes_gqa()
-        if self.heads != self.groups and not gqa:
-            k, v = (t.repeat_interleave(self.heads // self.groups, dim=1) for t in (k, v))
+        # FlashAttention shares KV heads natively; newer torch asks for it by name.
         out = varlen_attn(
             q, k, v, layout.cu_seqlens_q, layout.cu_seqlens_kv, layout.max_seqlen_q, layout.max_seqlen_kv,
-            scale=self.softmax_scale, window_size=(-1, 0), **({"enable_gqa": True} if gqa else {}),
+            scale=self.softmax_scale, window_size=(-1, 0), **({"enable_gqa": True} if _varlen_names_gqa() else {}),
         )
         return out.reshape(b, sq, self.heads, self.head_dim).transpose(0, 1)
 
@@ -169,7 +178,9 @@ def flex_block_mask(layout: DocumentLayout, q_len: int):
         def same_document_causal(b, h, qi, ki):
             return (doc[b, q_t[qi]] == doc[b, ki]) & (ki <= q_t[qi])
 
-        layout.flex_mask = create_block_mask(same_document_causal, doc.shape[0], None, q_len, doc.shape[1], device=doc.device)
+        # compiled: the eager build takes 10-14 ms per micro-batch at 8k-32k on the H100
+        layout.flex_mask = create_block_mask(same_document_causal, doc.shape[0], None, q_len, doc.shape[1],
+                                             device=doc.device, _compile=True)
     return layout.flex_mask
 
 
@@ -181,8 +192,7 @@ def _flex_attention():
 
 
 @functools.cache
-def _varlen_takes_gqa() -> bool:
-    """Whether this torch's varlen kernel shares KV heads itself, or needs them repeated."""
+def _varlen_names_gqa() -> bool:
     from torch.nn.attention.varlen import varlen_attn
 
     return "enable_gqa" in inspect.signature(varlen_attn).parameters

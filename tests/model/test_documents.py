@@ -145,7 +145,13 @@ def test_attention_kernels_are_checked():
 
     with pytest.raises(ValueError, match="valid: auto, varlen, flex, sdpa"):
         core_attention("flash3")
-    assert resolve_kernel("auto", torch.device("cpu")) == "sdpa"
+    assert resolve_kernel("auto", torch.device("cpu"), 32768) == "sdpa"
+    cuda = torch.device("cuda")
+    assert resolve_kernel("auto", cuda, 8192) == "varlen" and resolve_kernel("auto", cuda, 32768) == "flex"
+    assert resolve_kernel("varlen", cuda, 32768) == "varlen"
+    assert resolve_kernel("auto", cuda, 8192, torch.float32) == "flex"
+    with pytest.raises(ValueError, match="bf16/fp16"):
+        resolve_kernel("varlen", cuda, 8192, torch.float32)
     with pytest.raises(ValueError, match="CUDA only"):
         resolve_kernel("varlen", torch.device("cpu"))
     with pytest.raises(NotImplementedError, match="DocumentLayout"):
