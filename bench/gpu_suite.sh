@@ -7,10 +7,12 @@
 #                                          32k, causal and packed documents (infir's CoreAttention beside the bare kernels)
 #   bash bench/gpu_suite.sh step-1.5b-32k-packed  bench/step.py: 1.5B, one row of 32k tokens per micro-batch, full
 #                                          recomputation: causal rows vs rows packed from documents (median 2048),
-#                                          BF16 vs fp8_blockwise_ue8m0 (+ profile)
-#   bash bench/gpu_suite.sh table6-2gpu    bench/step.py under torchrun, two GPUs, InfiR2's Table 6 shapes: 1.5B at 32k
-#                                          TP=2, 7B at 8k TP=2 and 7B at 32k TP=2 (does it fit 80 GB), BF16 vs FP8
-#   bash bench/gpu_suite.sh table6-4gpu    the same on four GPUs: 7B at 32k with TP=4, and with TP=2 x CP=2
+#                                          BF16 vs fp8_blockwise_ue8m0 (+ profile); one process each, BF16 first (a
+#                                          torn-down FP8 trainer leaves memory allocated that a later case would count)
+#   bash bench/gpu_suite.sh table6-1.5b-tp2  bench/step.py under torchrun, two GPUs, InfiR2's Table 6 shape 1.5B at 32k
+#                                          with TP=2, BF16 vs FP8 (+ profile)
+#   bash bench/gpu_suite.sh table6-7b-tp2  the same for 7B at 8k and at 32k with TP=2 (does 32k fit 80 GB)
+#   bash bench/gpu_suite.sh table6-4gpu    four GPUs: 7B at 32k with TP=4, and with TP=2 x CP=2
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -77,13 +79,15 @@ for stage in "$@"; do
         --out "$OUT/attention_$m.md"; done ;;
     step-1.5b-32k-packed)
       DOCS=data.synthetic_doc_median=2048
+      run step_1.5b_32k_causal python3 bench/step.py --seq 32768 --mbs 1 --steps 3 --accum 2 --profile \
+        --out "$OUT/step_1.5b_32k_causal.md" --cases qwen2.5-1.5b:full:bf16 qwen2.5-1.5b:full:fp8_blockwise_ue8m0
       run step_1.5b_32k_packed python3 bench/step.py --seq 32768 --mbs 1 --steps 3 --accum 2 --profile \
-        --out "$OUT/step_1.5b_32k_packed.md" --cases qwen2.5-1.5b:full:bf16 qwen2.5-1.5b:full:fp8_blockwise_ue8m0 \
-        "qwen2.5-1.5b:full:bf16+$DOCS" "qwen2.5-1.5b:full:fp8_blockwise_ue8m0+$DOCS" ;;
-    table6-2gpu)
+        --out "$OUT/step_1.5b_32k_packed.md" --cases "qwen2.5-1.5b:full:bf16+$DOCS" "qwen2.5-1.5b:full:fp8_blockwise_ue8m0+$DOCS" ;;
+    table6-1.5b-tp2)
       run table6_1.5b_32k_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
         --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_1.5b_32k_tp2.md" \
-        --cases qwen2.5-1.5b:full:bf16 qwen2.5-1.5b:full:fp8_blockwise_ue8m0
+        --cases qwen2.5-1.5b:full:bf16 qwen2.5-1.5b:full:fp8_blockwise_ue8m0 ;;
+    table6-7b-tp2)
       run table6_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
         --seq 8192 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_7b_tp2.md" \
         --cases qwen2.5-7b:full:bf16 qwen2.5-7b:full:fp8_blockwise_ue8m0 ;;
