@@ -2,18 +2,31 @@
 file behind, and the harness keeps working. Every attack would print the expected "42" if it got
 through, so a pass here can only come from containment."""
 import os
+import resource
+import shutil
 import socket
+import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+import infir.eval.sandbox as sandbox
+from infir.eval.backends import Completion
+from infir.eval.benchmarks import Benchmark, Problem
 from infir.eval.code_tests import CodeTask, TestCase, grade_code
-from infir.eval.sandbox import Limits, isolation_mode, run_python, sandbox_processes
+from infir.eval.runner import grade_problem
+from infir.eval.sandbox import SANDBOX_UID, Limits, SandboxError, isolation_mode, run_python, sandbox_processes
 
 LIMITS = Limits(wall_s=4.0, cpu_s=2, memory_bytes=1 << 30, max_processes=32)
 TASK = CodeTask(tests=(TestCase(input="", output="42\n"),), style="stdin", limits=LIMITS)
+CHECKOUT = Path(__file__).resolve().parents[2]
+# Forks children that stay alive until the cap refuses one, then prints how many it got.
+FORK_TO_THE_CAP = ("import os, time\nn = 0\ntry:\n    while n < 200:\n        if os.fork() == 0:\n"
+                   "            time.sleep(60)\n            os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+                   "time.sleep(0.5)\nprint(n)")
 
 
 def respond(code: str) -> str:
@@ -23,7 +36,6 @@ def respond(code: str) -> str:
 @pytest.fixture(autouse=True)
 def machine_stays_clean():
     yield
-    assert os.geteuid() == 0, "the containment tests run as root (CI does): sandbox uids need it"
     assert sandbox_processes() == []
     verdict, reason = grade_code(respond("print(42)"), TASK)  # the harness still works
     assert verdict.correct, reason
@@ -94,10 +106,64 @@ def test_network_connection_is_refused():
     assert not verdict.correct and "unreachable" in reason.lower()
 
 
+def test_program_runs_as_a_uid_of_its_own():
+    code = "import os\nprint(os.getuid(), os.getgid(), *open('/proc/self/uid_map').read().split())"
+    result = run_python(code, limits=LIMITS)
+    uid, gid, inside, _, count = map(int, result.stdout.split())
+    assert uid == gid == inside == SANDBOX_UID and count == 1, result  # its user namespace maps that uid alone
+
+
+def test_sandbox_starts_while_the_invoker_runs_many_processes():
+    # More processes than the program's cap already run as the invoking user: the cap counts only the
+    # program's own, so it still starts and still gets its whole cap.
+    others = [subprocess.Popen(["sleep", "60"]) for _ in range(LIMITS.max_processes + 8)]
+    try:
+        verdict, reason = grade_code(respond("print(42)"), TASK)
+        assert verdict.correct, reason
+        result = run_python(FORK_TO_THE_CAP, limits=LIMITS)
+        assert result.ok and LIMITS.max_processes - 4 <= int(result.stdout) < LIMITS.max_processes, result
+    finally:
+        for process in others:
+            process.kill()
+            process.wait()
+
+
+def test_parallel_runs_each_get_their_own_process_cap():
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: run_python(FORK_TO_THE_CAP, limits=LIMITS), range(4)))
+    assert all(r.ok for r in results), [r.stderr for r in results]
+    counts = [int(r.stdout) for r in results]
+    assert all(LIMITS.max_processes - 4 <= n < LIMITS.max_processes for n in counts), counts
+
+
+def test_sandbox_that_cannot_start_is_an_error_not_a_verdict():
+    assert grade_code(respond("print(42)"), TASK)[0].correct  # the probe has run; only the runs below fail
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (1, hard))  # the invoking user is at its process limit
+    try:
+        with pytest.raises(SandboxError, match="Resource temporarily unavailable"):
+            grade_code(respond("print(42)"), TASK)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+
+
+def test_sandbox_failure_stops_the_evaluation(monkeypatch, tmp_path):
+    isolation_mode()  # probed with the real interpreter
+    broken = tmp_path / "python3"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(sandbox, "default_python", lambda: str(broken))
+    bench = Benchmark(name="code", grader="code", hf_id="", to_problem=lambda record, seed: None)
+    problem = Problem(id="p0", prompt="", code_task=TASK)
+    completions = [Completion(respond("print(42)"), num_tokens=5, finish_reason="stop")] * 2
+    with ThreadPoolExecutor(2) as pool, pytest.raises(SandboxError):
+        grade_problem(bench, problem, "", completions, LIMITS, pool)
+
+
 @pytest.mark.parametrize("where", ["tmp", "repo", "home"])
 def test_writing_outside_its_directory_fails(tmp_path, where):
-    target = {"tmp": tmp_path / "escaped.txt", "repo": Path.cwd() / f"escaped-{uuid.uuid4().hex}.txt",
-              "home": Path.home() / f"escaped-{uuid.uuid4().hex}.txt"}[where]
+    name = f"escaped-{uuid.uuid4().hex}.txt"
+    target = {"tmp": tmp_path / name, "repo": CHECKOUT / name, "home": Path.home() / name}[where]
     verdict, reason = grade_code(respond(f"open({str(target)!r}, 'w').write('x')\nprint(42)"), TASK)
     assert not verdict.correct and "Error" in reason
     assert not target.exists()
@@ -117,8 +183,6 @@ def test_output_flood_is_capped():
 
 
 def test_fallback_warns_when_bwrap_is_missing(monkeypatch):
-    import shutil
-
     real_which = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real_which(name, *a, **k))
     with pytest.warns(RuntimeWarning, match="apt-get install -y bubblewrap"):
@@ -127,28 +191,16 @@ def test_fallback_warns_when_bwrap_is_missing(monkeypatch):
 
 
 def test_unshare_fallback_still_contains(monkeypatch, tmp_path):
-    import infir.eval.sandbox as sandbox
-
     monkeypatch.setattr(sandbox, "isolation_mode", lambda: "unshare")
     assert run_python("print(input())", "hi\n", LIMITS).stdout == "hi\n"
     assert not run_python("x = bytearray(10 * 1024 ** 3)", limits=LIMITS).ok
     assert run_python("while True:\n    pass", limits=LIMITS).returncode != 0
-    target = tmp_path / "escaped.txt"
-    assert not run_python(f"open({str(target)!r}, 'w').write('x')", limits=LIMITS).ok or not target.exists()
-    assert not target.exists()
+    if os.geteuid() == 0:  # the fallback guards files only by the dedicated uid, which root alone can lend
+        target = tmp_path / "escaped.txt"
+        assert not run_python(f"open({str(target)!r}, 'w').write('x')", limits=LIMITS).ok
+        assert not target.exists()
     net = run_python("import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)", limits=LIMITS)
     assert not net.ok
-
-
-def test_parallel_runs_get_their_own_uids():
-    from concurrent.futures import ThreadPoolExecutor
-
-    code = "import os, time\ntime.sleep(0.5)\nprint(os.getuid())"
-    with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda _: run_python(code, limits=LIMITS), range(4)))
-    assert all(r.ok for r in results), [r.stderr for r in results]
-    uids = {int(r.stdout) for r in results}
-    assert len(uids) == 4 and 0 not in uids  # so one run's limits and final sweep never touch another
 
 
 def test_detached_background_process_does_not_outlive_the_run():
