@@ -5,11 +5,14 @@ Layers, outermost first (each catches what the one inside may miss):
 1. A dedicated unprivileged host uid per run when we are root (`_lease_uid`): the kernel never applies
    the process limit to host uid 0, not even inside a user namespace, so root hands each run to a uid
    of its own; that uid also lets us sweep every process of the run at the end.
-2. bubblewrap: a new user namespace in which the program is uid and gid SANDBOX_UID; new network (no
-   network at all), pid, ipc, uts and cgroup namespaces; read-only root, the program's own directory
-   (mounted at /tmp/box) as the only writable place; the rest of /tmp is an empty read-only tmpfs.
-   Where bwrap is missing or cannot create namespaces we fall back to `unshare` for the network/pid
-   namespaces and warn once, because the file system is then protected only by the uid.
+2. bubblewrap: a new user namespace in which the program is uid and gid SANDBOX_UID and may make no
+   further user namespace; new network (no network at all), pid, ipc, uts and cgroup namespaces. Its
+   file system holds only the interpreter (its prefixes and the directories of the shared libraries
+   the dynamic loader resolves for it, read-only), a fresh /proc, a read-only /dev and a private tmpfs
+   at /tmp, capped at `Limits.max_disk_bytes`, which holds the program and is the only writable place:
+   no host socket, no /home, /root, /run, /var, no project or benchmark file. Where bwrap is missing
+   or cannot create namespaces we fall back to `unshare` for the network/pid namespaces and warn once,
+   because the file system is then protected only by the uid, and the disk only per file.
 3. A launcher inside the namespaces sets the resource limits, then becomes the program: address space
    (a 10 GB allocation fails), CPU seconds (a busy loop gets SIGXCPU/SIGKILL), process count (fork
    bomb), file size, open files, no core dumps. A process of its own, because a `preexec_fn` is unsafe
@@ -35,6 +38,7 @@ import functools
 import itertools
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -55,7 +59,7 @@ _uid_counter = itertools.count(os.getpid() % UID_COUNT)
 _uid_lock = threading.Lock()
 _LEASE_DIR = Path(tempfile.gettempdir()) / "infir-sandbox-uids"
 SANDBOX_UID = 1000  # the program's uid and gid inside its user namespace (no account there has a name)
-_MOUNT_POINT = "/tmp/box"  # where the program's directory appears inside bwrap
+_BOX = "/tmp"  # the program's directory inside bwrap: the private, size-capped tmpfs
 _REAP_TIMEOUT_S = 10.0  # how long a killed sandbox may take to be gone before that is an error
 
 
@@ -71,9 +75,11 @@ class Limits:
     max_processes: int = 64
     max_file_bytes: int = 64 << 20
     max_open_files: int = 256
+    max_disk_bytes: int = 128 << 20  # everything the program writes, all files together
 
     def __post_init__(self):
-        for name in ("wall_s", "cpu_s", "memory_bytes", "max_processes", "max_file_bytes", "max_open_files"):
+        for name in ("wall_s", "cpu_s", "memory_bytes", "max_processes", "max_file_bytes", "max_open_files",
+                     "max_disk_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"sandbox Limits.{name} must be > 0, got {getattr(self, name)}")
 
@@ -130,8 +136,8 @@ def isolation_mode() -> str:
     namespaces = "no network or pid namespaces" if mode == "rlimits" else "network and pid namespaces"
     files = "protected only by a dedicated uid" if _is_root() else "NOT protected (run as root)"
     warnings.warn(
-        f"sandbox: bubblewrap unusable ({reason}); falling back to {mode}: {namespaces}, file system {files}. "
-        "Fix: `apt-get install -y bubblewrap` on a host that allows user namespaces.",
+        f"sandbox: bubblewrap unusable ({reason}); falling back to {mode}: {namespaces}, file system {files}, "
+        "no disk cap. Fix: `apt-get install -y bubblewrap` on a host that allows user namespaces.",
         RuntimeWarning,
         stacklevel=2,
     )
@@ -147,21 +153,100 @@ def _probe_failure(mode: str) -> str | None:
     return None if result.ok else result.stderr.strip() or f"exit {result.returncode}"
 
 
-def _bwrap_prefix(workdir: str, info_fd: int) -> list[str]:
-    """bwrap up to `--`; `info_fd` is where bwrap writes its init's pid."""
+def _bwrap_prefix(python: str, limits: Limits, files: dict[str, int], info_fd: int) -> list[str]:
+    """bwrap up to `--`; `files` are the program's files (name -> open fd) copied into its directory,
+    `info_fd` is where bwrap writes its init's pid."""
+    copies = [arg for name, fd in files.items() for arg in ("--file", str(fd), f"{_BOX}/{name}")]
     return [
-        "bwrap", "--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-        "--die-with-parent", "--new-session", "--info-fd", str(info_fd),
-        "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-        "--bind", workdir, _MOUNT_POINT, "--remount-ro", "/tmp", "--chdir", _MOUNT_POINT,
-        "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, "--setenv", "HOME", _MOUNT_POINT,
-        "--setenv", "TMPDIR", _MOUNT_POINT, "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
+        # --disable-userns: in a user namespace of its own the program could mount a tmpfs of its own,
+        # without the disk cap
+        "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID),
+        "--gid", str(SANDBOX_UID), "--die-with-parent", "--new-session", "--info-fd", str(info_fd),
+        # the box first: an interpreter that lives under /tmp on the host is then mounted over it
+        "--size", str(limits.max_disk_bytes), "--tmpfs", _BOX, *_interpreter_mounts(python),
+        "--dev", "/dev", "--proc", "/proc", *copies,
+        # bwrap's root and /dev are tmpfs without a size cap: read-only, /tmp stays the only writable place
+        "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", _BOX,
+        "--clearenv", "--setenv", "PATH", _SANDBOX_PATH, "--setenv", "HOME", _BOX,
+        "--setenv", "TMPDIR", _BOX, "--setenv", "PYTHONDONTWRITEBYTECODE", "1",
         "--setenv", "OMP_NUM_THREADS", "1", "--setenv", "OPENBLAS_NUM_THREADS", "1", "--",
     ]
 
 
 def _unshare_prefix() -> list[str]:
     return ["unshare", "--user", "--net", "--pid", "--fork", "--kill-child", "--"]
+
+
+_INTERPRETER_QUERY = """\
+import json, sys
+print(json.dumps({"executable": sys.executable,
+                  "prefixes": [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix],
+                  "dynload": [p for p in sys.path if p.endswith("lib-dynload")]}))
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreter_mounts(python: str) -> tuple[str, ...]:
+    """bwrap arguments that show `python` at its own path with what it needs and nothing else of the
+    host: its prefixes and the directories of the shared libraries the dynamic loader resolves for it
+    and its extension modules (read-only), symlinks on the way recreated, and the loader's cache."""
+    try:
+        query = subprocess.run([python, "-I", "-c", _INTERPRETER_QUERY], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise SandboxError(f"sandbox: cannot run the interpreter {python}: {e}") from e
+    if query.returncode != 0:
+        raise SandboxError(f"sandbox: the interpreter {python} failed: {query.stderr.strip()[-500:]}")
+    info = json.loads(query.stdout)
+    binaries = [os.path.realpath(info["executable"])]
+    binaries += [str(p) for d in info["dynload"] for p in sorted(Path(d).glob("*.so"))]
+    files = [info["executable"], python, *_shared_libraries(binaries)]
+    homes = [os.path.dirname(os.path.realpath(f)) for f in files]  # whole directories: libraries dlopen others
+    return tuple(_read_only_view([*info["prefixes"], *homes, *files, "/etc/ld.so.cache"]))
+
+
+def _shared_libraries(binaries: list[str]) -> list[str]:
+    """The paths at which the dynamic loader finds the libraries `binaries` need, the loader included."""
+    try:
+        ldd = subprocess.run(["ldd", *binaries], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise SandboxError(f"sandbox: cannot list the interpreter's shared libraries with ldd: {e}") from e
+    return sorted(set(re.findall(r"(/\S+) \(0x[0-9a-f]+\)", ldd.stdout)))
+
+
+def _resolve(path: str) -> tuple[str, dict[str, str]]:
+    """`path` with every symlink resolved, and the symlinks met on the way ({link: target})."""
+    links, done, todo, hops = {}, "/", list(Path(path).parts[1:]), 0
+    while todo:
+        candidate = os.path.join(done, todo.pop(0))
+        if os.path.islink(candidate):
+            hops += 1
+            if hops > 40:  # the kernel's own limit (ELOOP)
+                raise SandboxError(f"sandbox: too many levels of symlinks in {path}")
+            links[candidate] = os.readlink(candidate)
+            resolved = os.path.normpath(os.path.join(done, links[candidate]))
+            done, todo = "/", list(Path(resolved).parts[1:]) + todo
+        else:
+            done = candidate
+    return done, links
+
+
+def _read_only_view(paths: list[str]) -> list[str]:
+    """bwrap arguments binding the existing `paths` read-only where they are, with the symlinks that
+    lead to them; nothing already visible through another bound directory twice."""
+    sources, links = set(), {}
+    for path in filter(os.path.exists, paths):
+        real, met = _resolve(path)
+        sources.add(real)
+        links.update(met)
+    binds = sorted(s for s in sources if not _under(s, sources))
+    args = [arg for source in binds for arg in ("--ro-bind", source, source)]
+    links = {link: target for link, target in links.items() if not _under(link, binds)}
+    return args + [arg for link in sorted(links) for arg in ("--symlink", links[link], link)]
+
+
+def _under(path: str, roots) -> bool:
+    """Whether `path` lies strictly inside one of `roots`."""
+    return any(path != root and path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 # Runs inside every isolation, before the program: sets the limits there (the module docstring says
@@ -268,8 +353,8 @@ def _run(mode: str, source: str, stdin: str, limits: Limits, python: str, files:
 
 
 def _write_program(host_dir: Path, source: str, stdin: str, files: dict[str, str], uid: int | None) -> Path:
-    """The program's directory, `host_dir`/box, with main.py and `files`; stdin beside it. The program
-    runs in that directory, so the sandbox uid owns it."""
+    """The program's directory, `host_dir`/box, with main.py and `files`; stdin beside it. The fallback
+    isolations run the program in that directory, so the sandbox uid owns it."""
     os.chmod(host_dir, 0o711)  # the sandbox uid must reach box/ but not list its neighbours
     workdir = host_dir / "box"
     workdir.mkdir()
@@ -313,9 +398,14 @@ def _start(mode: str, python: str, limits: Limits, workdir: Path, uid: int | Non
         return _spawn(isolate + launcher, [started_w], workdir, uid, cwd=workdir, env=_child_env(workdir)), None
     info_r, info_w = os.pipe()
     with _closing([info_r]):
-        with _closing([info_w]):  # the sandbox gets a copy; ours closes once it started, so the pipe ends
-            argv = _bwrap_prefix(str(workdir), info_w) + launcher
-            proc = _spawn(argv, [started_w, info_w], workdir, uid, cwd=None, env=None)
+        passed = [info_w]  # the sandbox gets copies; ours close once it started, so the info pipe ends
+        with _closing(passed):
+            program = {}
+            for path in sorted(workdir.iterdir()):
+                program[path.name] = os.open(path, os.O_RDONLY)
+                passed.append(program[path.name])
+            argv = _bwrap_prefix(python, limits, program, info_w) + launcher
+            proc = _spawn(argv, [started_w, *passed], workdir, uid, cwd=None, env=None)
         return proc, _init_pidfd(info_r, deadline)
 
 

@@ -6,6 +6,7 @@ import resource
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,16 @@ def machine_stays_clean():
     assert sandbox_processes() == []
     verdict, reason = grade_code(respond("print(42)"), TASK)  # the harness still works
     assert verdict.correct, reason
+
+
+@pytest.fixture
+def host_dir():
+    """A directory every user can reach, in a place the program could reach before it had its own view
+    of the file system (/tmp was hidden already, /var/tmp was not)."""
+    path = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="infir-sbx-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
 
 
 def test_isolation_is_the_strong_kind():
@@ -106,11 +117,44 @@ def test_network_connection_is_refused():
     assert not verdict.correct and "unreachable" in reason.lower()
 
 
+def test_host_unix_socket_is_unreachable(host_dir):
+    # A world-writable socket, as a Docker or database socket on a GPU host may be.
+    path = host_dir / "service.sock"
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        path.chmod(0o777)
+        listener.listen()
+        listener.setblocking(False)
+        code = f"import socket\nsocket.socket(socket.AF_UNIX).connect({str(path)!r})\nprint(42)"
+        verdict, reason = grade_code(respond(code), TASK)
+        assert not verdict.correct and "FileNotFoundError" in reason, reason
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+
+
+def test_program_sees_only_the_interpreter(host_dir):
+    answers = host_dir / "expected_outputs.jsonl"  # world-readable, as the benchmark files are
+    answers.write_text('{"output": "42"}\n')
+    answers.chmod(0o644)
+    paths = ["/etc/passwd", "/var", "/run", "/home", "/root", str(CHECKOUT), str(answers)]
+    code = f"import os\nprint([p for p in {paths!r} if os.path.exists(p)])"
+    result = run_python(code, limits=LIMITS)
+    assert result.ok and result.stdout == "[]\n", result
+
+
 def test_program_runs_as_a_uid_of_its_own():
     code = "import os\nprint(os.getuid(), os.getgid(), *open('/proc/self/uid_map').read().split())"
     result = run_python(code, limits=LIMITS)
     uid, gid, inside, _, count = map(int, result.stdout.split())
     assert uid == gid == inside == SANDBOX_UID and count == 1, result  # its user namespace maps that uid alone
+
+
+def test_invokers_private_file_is_unreadable(host_dir):
+    secret = host_dir / ".netrc"  # as in the invoking user's home, mode 0600
+    secret.write_text("machine example.com password 42\n")
+    secret.chmod(0o600)
+    verdict, reason = grade_code(respond(f"print(open({str(secret)!r}).read().split()[-1])"), TASK)
+    assert not verdict.correct and "FileNotFoundError" in reason, reason
 
 
 def test_sandbox_starts_while_the_invoker_runs_many_processes():
@@ -160,10 +204,39 @@ def test_sandbox_failure_stops_the_evaluation(monkeypatch, tmp_path):
         grade_problem(bench, problem, "", completions, LIMITS, pool)
 
 
-@pytest.mark.parametrize("where", ["tmp", "repo", "home"])
+def test_disk_use_is_capped():
+    # 16 files at the file-size limit: without a total cap that is 16 x max_file_bytes.
+    limits = Limits(wall_s=10.0, cpu_s=5, max_file_bytes=16 << 20, max_disk_bytes=32 << 20)
+    code = ("import os\nwritten = 0\ntry:\n    for i in range(16):\n"
+            "        fd = os.open(f'f{i}', os.O_WRONLY | os.O_CREAT)\n"
+            "        for _ in range(16):\n            written += os.write(fd, bytes(1 << 20))\n"
+            "except OSError as e:\n    print(written, e.strerror)")
+    result = run_python(code, limits=limits)
+    written, error = result.stdout.split(" ", 1)
+    assert int(written) <= limits.max_disk_bytes and error.strip() == "No space left on device", result
+
+
+def test_disk_cap_cannot_be_escaped_with_a_tmpfs_of_its_own():
+    # A user namespace of its own would let the program mount an uncapped tmpfs.
+    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nuid, gid = os.getuid(), os.getgid()\n"
+            "if libc.unshare(0x10000000 | 0x00020000) != 0:  # CLONE_NEWUSER | CLONE_NEWNS\n"
+            "    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+            "open('/proc/self/setgroups', 'w').write('deny')\n"
+            "open('/proc/self/uid_map', 'w').write(f'0 {uid} 1')\nopen('/proc/self/gid_map', 'w').write(f'0 {gid} 1')\n"
+            "os.makedirs('own')\n"
+            "if libc.mount(b'none', b'own', b'tmpfs', 0, None) != 0:\n"
+            "    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))\n"
+            "for i in range(4):\n    open(f'own/f{i}', 'wb').write(bytes(8 << 20))\nprint(42)")
+    task = CodeTask(tests=TASK.tests, style="stdin", limits=Limits(wall_s=4.0, cpu_s=2, max_disk_bytes=16 << 20))
+    verdict, reason = grade_code(respond(code), task)
+    assert not verdict.correct and "No space left on device" in reason, reason
+
+
+@pytest.mark.parametrize("where", ["tmp", "repo", "home", "root", "dev", "shm"])
 def test_writing_outside_its_directory_fails(tmp_path, where):
     name = f"escaped-{uuid.uuid4().hex}.txt"
-    target = {"tmp": tmp_path / name, "repo": CHECKOUT / name, "home": Path.home() / name}[where]
+    target = {"tmp": tmp_path / name, "repo": CHECKOUT / name, "home": Path.home() / name,
+              "root": Path("/") / name, "dev": Path("/dev") / name, "shm": Path("/dev/shm") / name}[where]
     verdict, reason = grade_code(respond(f"open({str(target)!r}, 'w').write('x')\nprint(42)"), TASK)
     assert not verdict.correct and "Error" in reason
     assert not target.exists()
