@@ -1,11 +1,14 @@
 """Containment of generated programs: each attack is graded as a failure, leaves no process and no
 file behind, and the harness keeps working. Every attack would print the expected "42" if it got
-through, so a pass here can only come from containment."""
+through, so a pass here can only come from containment. CI runs these as root, and
+`test_sandbox_tests_pass_as_an_unprivileged_user` runs them again as nobody."""
 import os
+import pwd
 import resource
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -281,3 +284,45 @@ def test_detached_background_process_does_not_outlive_the_run():
             "    os._exit(0)\nprint(42)")
     verdict, reason = grade_code(respond(code), TASK)
     assert verdict.correct, reason  # the answer is right; what matters is the sweep checked by the fixture
+
+
+def _nobody() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no user `nobody` to run the sandbox tests unprivileged")
+
+
+def _visible_to_nobody(needed: list[Path]) -> list[str]:
+    """A bwrap command (as root: a private mount namespace only) in which root's home, where pyenv and
+    a CI clone may live unreadable to other users, is an empty tmpfs with the entries that hold
+    `needed` shown again read-only (whole entries, so that the host's modes apply on the way down)."""
+    home = Path.home().resolve()
+    if home == Path("/"):
+        return []
+    entries = {home / path.relative_to(home).parts[0] for path in needed if path.is_relative_to(home) and path != home}
+    binds = [arg for entry in sorted(entries) for arg in ("--ro-bind", str(entry), str(entry))]
+    return ["bwrap", "--dev-bind", "/", "/", "--tmpfs", str(home), *binds,
+            "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--"]
+
+
+@pytest.mark.slow
+def test_sandbox_tests_pass_as_an_unprivileged_user():
+    if os.geteuid() != 0:
+        pytest.skip("this run is the unprivileged one")
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed: cannot run the tests as nobody")
+    nobody = _nobody()
+    needed = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, *sys.path} if p and Path(p).exists()]
+    scratch = Path(tempfile.mkdtemp(prefix="infir-sbx-nobody-"))  # pytest's tmp_path and HOME for nobody
+    os.chown(scratch, nobody.pw_uid, nobody.pw_gid)
+    try:
+        argv = _visible_to_nobody(sorted({*needed, CHECKOUT})) + [
+            "setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}", "--clear-groups", "--inh-caps=-all",
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--basetemp={scratch}/pytest",
+            "-k", "not unprivileged", str(Path(__file__).resolve())]
+        env = {**os.environ, "PYTHONPATH": str(CHECKOUT), "HOME": str(scratch)}
+        result = subprocess.run(argv, cwd=CHECKOUT, env=env, capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    finally:
+        shutil.rmtree(scratch)
