@@ -41,6 +41,7 @@ class GradingConfig:
     timeout_s: float = 6.0  # per test, wall clock (CPU limit is the same, rounded up)
     memory_mb: int = 2048  # per test, address space
     max_processes: int = 64
+    disk_mb: int = 128  # per test, all files the program writes together
 
 
 @dataclass

@@ -58,7 +58,8 @@ def grade_problem(bench: Benchmark, problem: Problem, prompt: str, completions: 
 def evaluate_benchmark(bench: Benchmark, problems: list[Problem], backend: GenerationBackend, tokenizer,
                        sampling: Sampling, cache: SampleCache, cfg) -> list[list[dict]]:
     limits = Limits(wall_s=cfg.grading.timeout_s, cpu_s=math.ceil(cfg.grading.timeout_s),
-                    memory_bytes=cfg.grading.memory_mb << 20, max_processes=cfg.grading.max_processes)
+                    memory_bytes=cfg.grading.memory_mb << 20, max_processes=cfg.grading.max_processes,
+                    max_disk_bytes=cfg.grading.disk_mb << 20)
     todo = [p for p in problems if not cache.done(p.id)]
     log.info("%s: %d problems, %d cached, %d to generate (n=%d)", bench.name, len(problems),
              len(problems) - len(todo), len(todo), sampling.n)
