@@ -42,6 +42,11 @@ class Run:
     def variant(self) -> str:
         return f"{self.model}-{self.precision}"
 
+    @property
+    def steps(self) -> int:
+        """The last step the run logged (runs log every few steps, so not the number of rows)."""
+        return int(self.train[-1]["step"]) if self.train else 0
+
 
 @dataclass
 class EvalResult:
@@ -88,11 +93,12 @@ def _normalise_key(key: str) -> str:
 
 
 def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Train rows (with `loss`) and validation rows (with `val_loss`), one per step, last write wins, by step."""
+    """Train rows (with `loss`) and validation rows (with `val_loss`), one per step, last write wins, by step.
+    Every row returned carries its `step` (W&B rows name it `_step`)."""
     train, val = {}, {}
     for i, raw in enumerate(rows):
         row = {_normalise_key(k): v for k, v in raw.items()}
-        step = row.get("step", row.get("_step", i))
+        step = row.setdefault("step", row.get("_step", i))
         if row.get("loss") is not None:
             train[step] = row
         if row.get("val_loss") is not None:
