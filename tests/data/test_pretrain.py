@@ -140,6 +140,17 @@ def test_shards_of_another_tokenizer_are_refused(tmp_path, docs):
         tokenize_to_indexed([src], tmp_path / "o", DEMO_TOKENIZER, progress=False)
 
 
+def test_the_configs_flat_blend_is_read_as_weights_and_prefixes():
+    from infir.data.checks import blend_parts
+    from infir.data.pretrain import normalize_blend
+
+    assert blend_parts([0.3, "a", 0.7, "b"]) == (["a", "b"], [0.3, 0.7])
+    with pytest.raises(FileNotFoundError, match=r"no indexed dataset at prefix a \(a.bin and a.idx are missing\)"):
+        normalize_blend([0.3, "a", 0.7, "b"])
+    with pytest.raises(TypeError, match="cannot read blend"):
+        blend_parts([0.3, "a", 0.7])
+
+
 def test_gpt_dataset_reads_what_we_wrote(tmp_path, docs, tok):
     src = _write_jsonl(tmp_path / "a.jsonl", docs)
     tokenize_to_indexed([src], tmp_path / "sh", DEMO_TOKENIZER, progress=False)
