@@ -1,7 +1,8 @@
 """The data sources a config names (a prefix, a blend, a resolved mixture file) and whether they hold
 what training reads, found from file headers and sizes (no data is read), so a missing or damaged
-dataset fails before any process group, model or dataset is built, naming the file. megatron's own reader would stop at the first problem with an
-AssertionError (and an AttributeError from its ``__del__``), or read past the end of a truncated file.
+dataset fails before any process group, model or dataset is built, naming the file. megatron's own
+reader would stop at the first problem with an AssertionError (and an AttributeError from its
+``__del__``), or read past the end of a truncated file.
 
 A megatron ``.idx`` file: 9 magic bytes, version (u64), dtype code (u8), sequence count n (u64),
 document count d (u64), then n int32 lengths, n int64 byte offsets into ``.bin``, d int64

@@ -33,7 +33,8 @@ def _reading(path, what: str):
     try:
         yield
     except (EOFError, zlib.error, OSError, pyarrow.ArrowException) as err:
-        raise BadInput(f"{path}: not a readable {what} file ({err}); it is truncated or corrupt: fix or replace it") from None
+        raise BadInput(f"{path}: not a readable {what} file ({err}); it is truncated or corrupt: "
+                       "fix or replace it") from None
 
 
 @dataclass(frozen=True)

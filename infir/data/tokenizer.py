@@ -130,7 +130,8 @@ class TextTokenizer:
             yield start, text[start:cut.start()]
             start = cut.start()
         if len(text) - start > MAX_PIECE_CHARS:
-            where = "with no line break or space between words" if self.cuttable else "(only a Qwen-style pre-tokenizer is cut into pieces)"
+            where = ("with no line break or space between words" if self.cuttable
+                     else "(only a Qwen-style pre-tokenizer is cut into pieces)")
             raise TextTooLong(f"too long to encode (a stretch of more than {MAX_PIECE_CHARS:,} characters {where})")
         yield start, text[start:]
 

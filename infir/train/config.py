@@ -111,7 +111,8 @@ def _check_data(cfg: DictConfig) -> None:
     from infir.data.checks import source_problem
 
     st = cfg.stage
-    check(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset, "pretrain with data=synthetic")
+    check(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset,
+          "pretrain with data=synthetic")
     check(st.dataset != "pretrain" or st.iters is not None, "stage.iters", st.iters,
           "a positive integer for a pretraining stage (stage.epochs applies to SFT stages)")
     if cfg.data.tokenizer is not None:
