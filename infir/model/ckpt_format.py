@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 FORMAT = "infir-mcore-v1"
@@ -58,8 +58,22 @@ def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except SafetensorError as err:
-        raise ValueError(f"{path} is not a readable safetensors file ({err}): it is truncated or corrupt; "
-                         "write or copy it again") from None
+        raise _unreadable(path, err) from None
+
+
+def check_safetensors(path: Path) -> None:
+    """Read only the header: a truncated or corrupt file is a ValueError that names it (safetensors
+    checks that the header's byte ranges cover the file exactly)."""
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except SafetensorError as err:
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path: Path, err: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors file ({err}): it is truncated or corrupt; "
+                      "write or copy it again")
 
 
 def read_json(path: Path) -> dict:
@@ -67,8 +81,10 @@ def read_json(path: Path) -> dict:
     try:
         value = json.loads(Path(path).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        reason = f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError) else "not UTF-8"
-        raise ValueError(f"{path} is not valid JSON ({reason}): it is truncated or corrupt; write or copy it again") from None
+        reason = (f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError)
+                  else "not UTF-8")
+        raise ValueError(f"{path} is not valid JSON ({reason}): it is truncated or corrupt; "
+                         "write or copy it again") from None
     if not isinstance(value, dict):
         raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object: it is not the file expected there")
     return value
