@@ -100,10 +100,10 @@ def _write_samples(input_path: Path, outputs: list[str], fmt: ChatFormatter, seq
     counts = Counter()
     skipped: Counter = Counter()
     skipped_lines = []
-    shards = plan_shards(input_path, target_bytes=1 << 62)
-    bar = tqdm(unit=" samples", disable=not progress, desc=f"sft -> {Path(outputs[0]).name}", file=sys.stderr)
-    for shard in shards:
-        for line, row, reason in iter_rows(shard):
+    rows = (r for shard in plan_shards(input_path, target_bytes=1 << 62) for r in iter_rows(shard))
+    bar = tqdm(unit=" samples", disable=not progress, desc=f"sft {input_path.name}", file=sys.stderr)
+    try:
+        for line, row, reason in rows:
             bar.update()
             if reason is None:
                 try:
@@ -119,7 +119,8 @@ def _write_samples(input_path: Path, outputs: list[str], fmt: ChatFormatter, seq
             counts["samples"] += 1
             counts["tokens"] += len(ids)
             counts["loss_tokens"] += sum(mask)
-    bar.close()
+    finally:  # an unreadable input ends the bar's line before the error is printed
+        bar.close()
     tokens_out.finalize(outputs[1])
     masks_out.finalize(outputs[3])
     return counts, skipped, skipped_lines
