@@ -75,8 +75,9 @@ class TextTokenizer:
                 "(Qwen2.5 and the demo tokenizer have it): use a Qwen-style tokenizer")
         self.eod = eod
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
-        self.cuttable = _splits_like_qwen(json.loads(self.hf.to_str()))
-        self._tiktoken = _qwen_tiktoken_twin(self.hf) if allow_tiktoken else None
+        spec = json.loads(self.hf.to_str())
+        self.cuttable = _splits_like_qwen(spec)
+        self._tiktoken = _qwen_tiktoken_twin(self.hf, spec) if allow_tiktoken else None
         if self._tiktoken is not None:
             self._special_ids = {t.content: i for i, t in self.hf.get_added_tokens_decoder().items()}
             self._special_split = re.compile(
@@ -199,14 +200,13 @@ def _splits_like_qwen(spec: dict) -> bool:
             and (spec.get("normalizer") or {}).get("type", "NFC") == "NFC")
 
 
-def _qwen_tiktoken_twin(hf: Tokenizer):
-    """A tiktoken Encoding equal to ``hf`` if ``hf`` is Qwen's vocabulary; None otherwise."""
+def _qwen_tiktoken_twin(hf: Tokenizer, spec: dict):
+    """A tiktoken Encoding equal to ``hf`` (whose JSON is ``spec``) if it is Qwen's vocabulary; None otherwise."""
     if os.environ.get("INFIR_DISABLE_TIKTOKEN") == "1":
         return None
     ranks_file = qwen_tiktoken_file()
     if ranks_file is None or hf.get_vocab_size(with_added_tokens=False) < 151_643:
         return None
-    spec = json.loads(hf.to_str())
     if _pre_tokenizer_pattern(spec.get("pre_tokenizer")) != QWEN_PRETOKENIZE_PATTERN:
         return None
     if (spec.get("normalizer") or {}).get("type") != "NFC":
