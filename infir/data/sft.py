@@ -63,7 +63,7 @@ def prepare_sft(
         counts, skipped, skipped_lines = _write_samples(input_path, partial, fmt, seq_length, overlong, progress)
         if not counts["samples"]:
             raise no_documents([input_path], "sample", dict(skipped), [_example(e) for e in skipped_lines[:1]],
-                               "each line needs 'messages' or 'prompt'/'response' with an assistant reply")
+                               _fix_for(skipped))
     stats = {
         "output": output_prefix, "seq_length": seq_length, "overlong": overlong,
         "samples": counts["samples"], "tokens": counts["tokens"], "loss_tokens": counts["loss_tokens"],
@@ -78,6 +78,12 @@ def prepare_sft(
             f.write(json.dumps(e) + "\n")
     _atomic_write_json(Path(output_prefix + ".stats.json"), stats)
     return stats
+
+
+def _fix_for(skipped: Counter) -> str:
+    if "longer than seq_length" in skipped:
+        return "raise --seq-length or pass --overlong truncate"
+    return "each line needs 'messages' or 'prompt'/'response' with an assistant reply"
 
 
 def _example(entry: dict) -> str:

@@ -200,7 +200,8 @@ def test_cli_sft(tmp_path, capsys):
      "no usable sample in {src}: all 2 lines skipped (neither 'messages' nor 'prompt'/'response' fields: 1, "
      "no non-empty assistant message: 1; first: {src}:1: neither"),
     (json.dumps({"prompt": "count", "response": " ".join(map(str, range(100)))}).encode() + b"\n",
-     "no usable sample in {src}: all 1 lines skipped (longer than seq_length: 1;"),
+     "no usable sample in {src}: all 1 lines skipped (longer than seq_length: 1; first: {src}:1: longer than "
+     "seq_length (more than 33 tokens)); raise --seq-length or pass --overlong truncate; nothing written"),
 ], ids=["empty", "bad lines", "all overlong"])
 def test_inputs_without_a_usable_sample_fail_naming_them_and_write_nothing(tmp_path, capsys, content, message):
     src = tmp_path / "in.jsonl"
