@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 
 from infir.data.bpe import CHATML_TEMPLATE, IM_END
-from infir.data.tokenizer import TextTokenizer, load_tokenizer
+from infir.data.tokenizer import TextTokenizer, TextTooLong, load_tokenizer
 
 ROLES = ("system", "user", "assistant")
 
@@ -65,7 +65,11 @@ class ChatFormatter:
             warnings.simplefilter("ignore")
             from transformers import AutoTokenizer
 
-            self.hf = AutoTokenizer.from_pretrained(str(self.tok.path))
+            try:
+                self.hf = AutoTokenizer.from_pretrained(str(self.tok.path))
+            except (OSError, ValueError) as err:  # tokenizer.json read; tokenizer_config.json or a sibling did not
+                raise ValueError(f"transformers cannot load the tokenizer in {self.tok.path} ({err}): its "
+                                 "tokenizer_config.json or another file there is truncated or corrupt") from None
         self.uses_fallback_template = not getattr(self.hf, "chat_template", None)
         self.template = CHATML_TEMPLATE if self.uses_fallback_template else None
 
@@ -93,11 +97,23 @@ class ChatFormatter:
             spans.append((len(before), end))
         return text, spans
 
-    def encode(self, messages: list[dict]) -> tuple[list[int], list[int]]:
-        """``(ids, mask)``: mask[j] = 1 where token j belongs to an assistant reply."""
+    def encode(self, messages: list[dict], max_tokens: int | None = None) -> tuple[list[int], list[int]]:
+        """``(ids, mask)``: mask[j] = 1 where token j belongs to an assistant reply.
+
+        With ``max_tokens``, only the first ``max_tokens`` tokens: the text is encoded piece by piece
+        (``TextTokenizer.pieces``) and encoding stops there, so an overlong sample costs the memory of
+        ``max_tokens`` tokens, not of its whole text.
+        """
         text, spans = self.assistant_spans(messages)
-        enc = self.tok.hf.encode(text, add_special_tokens=False)
-        mask = []
-        for start, _ in enc.offsets:
-            mask.append(int(any(s <= start < e for s, e in spans)))
-        return enc.ids, mask
+        ids: list[int] = []
+        mask: list[int] = []
+        try:
+            for offset, piece in self.tok.pieces(text):
+                enc = self.tok.hf.encode(piece, add_special_tokens=False)
+                ids += enc.ids
+                mask += [int(any(s <= offset + start < e for s, e in spans)) for start, _ in enc.offsets]
+                if max_tokens is not None and len(ids) >= max_tokens:
+                    return ids[:max_tokens], mask[:max_tokens]
+        except TextTooLong as err:
+            raise BadSample(str(err)) from None
+        return ids, mask

@@ -6,8 +6,9 @@
     infir-prep demo     --root DIR          (the bundled demo data: corpus, SFT sets, eval problems)
 
 Each command prints a summary (documents, tokens, skipped lines by reason with file:line
-examples) and writes it beside the output as PREFIX.stats.json. Expected failures (missing
-input, missing tokenizer, bad spec) end with one line naming the problem and exit code 2.
+examples) and writes it beside the output as PREFIX.stats.json. Expected failures (missing,
+unreadable or empty input, input whose every line is bad, missing tokenizer, bad spec) end with one
+line naming the problem and exit code 2, and write no dataset; failed shards end with exit code 1.
 """
 from __future__ import annotations
 

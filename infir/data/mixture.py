@@ -163,9 +163,14 @@ def write_resolved(phases: list[Phase], out: Path | str, name: str = "") -> dict
 
 
 def load_resolved(path: Path | str) -> list[Phase]:
-    data = yaml.safe_load(Path(path).read_text())
-    return [Phase(name=p["name"], tokens=int(p["tokens"]), sources=[Source(**s) for s in p["sources"]])
-            for p in data["phases"]]
+    """The phases of a resolved mixture file; MixtureError naming the file when it is not one."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+        return [Phase(name=p["name"], tokens=int(p["tokens"]), sources=[Source(**s) for s in p["sources"]])
+                for p in data["phases"]]
+    except (yaml.YAMLError, UnicodeDecodeError, KeyError, TypeError, ValueError) as err:
+        raise MixtureError(f"{path} is not a resolved mixture file ({type(err).__name__}: {err}); "
+                           "write it with `infir-prep mixture --spec SPEC --output FILE`") from None
 
 
 def phase_schedule(phases: list[Phase], seq_length: int, global_batch: int) -> list[dict]:

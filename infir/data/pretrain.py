@@ -20,38 +20,26 @@ import itertools
 import logging
 import warnings
 from pathlib import Path
-from typing import Sequence, Union
 
 import torch
 
+from infir.data.checks import Blend, blend_parts, indexed_problem, is_mixture_file
 from infir.data.mixture import Phase, load_resolved, phase_schedule
 from infir.data.tokenizer import MegatronTokenizerAdapter, TextTokenizer, load_tokenizer
 
-Blend = Union[str, Path, Sequence[str], Sequence[tuple[float, str]], tuple[list[str], list[float] | None]]
-
 
 def normalize_blend(blend: Blend) -> tuple[list[str], list[float] | None]:
-    """Any accepted blend spelling -> megatron's ``([prefixes], [weights] or None)``."""
-    if isinstance(blend, (str, Path)):
-        return [str(blend)], None
-    if isinstance(blend, tuple) and len(blend) == 2 and isinstance(blend[0], list) \
-            and (blend[1] is None or isinstance(blend[1], list)):
-        prefixes, weights = [str(p) for p in blend[0]], blend[1]
-    elif all(isinstance(b, (str, Path)) for b in blend):
-        prefixes, weights = [str(p) for p in blend], None
-    elif all(isinstance(b, (tuple, list)) and len(b) == 2 for b in blend):
-        weights, prefixes = [float(w) for w, _ in blend], [str(p) for _, p in blend]
-    else:
-        raise TypeError(f"cannot read blend {blend!r}: give a prefix, a list of prefixes, "
-                        "[(weight, prefix), ...] or ([prefixes], [weights])")
+    """Any accepted blend spelling -> megatron's ``([prefixes], [weights] or None)``; every prefix
+    must be a whole indexed dataset (``infir.data.checks``)."""
+    prefixes, weights = blend_parts(blend)
     if weights is not None:
         if len(weights) != len(prefixes):
             raise ValueError(f"blend has {len(prefixes)} prefixes but {len(weights)} weights")
         if any(w < 0 for w in weights) or sum(weights) <= 0:
             raise ValueError(f"blend weights must be >= 0 with a positive sum, got {weights}")
     for p in prefixes:
-        if not (Path(p + ".bin").is_file() and Path(p + ".idx").is_file()):
-            raise FileNotFoundError(f"no indexed dataset at prefix {p} ({p}.bin / {p}.idx missing): "
+        if (problem := indexed_problem(p)) is not None:
+            raise FileNotFoundError(f"no indexed dataset at prefix {p} ({problem}): "
                                     "build it with `infir-prep pretrain --output PREFIX ...`")
     return prefixes, weights
 
@@ -131,10 +119,6 @@ def build_pretrain_datasets(
     with _process_group_for_megatron():
         train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
     return train, valid
-
-
-def is_mixture_file(blend) -> bool:
-    return isinstance(blend, (str, Path)) and str(blend).endswith((".yaml", ".yml"))
 
 
 class PhasedDataset(torch.utils.data.Dataset):

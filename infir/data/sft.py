@@ -2,7 +2,8 @@
 
 On disk (``infir-prep sft --output PREFIX``), two megatron indexed datasets with one sequence per
 sample: ``PREFIX.bin/.idx`` (token ids) and ``PREFIX.lossmask.bin/.idx`` (uint8, 1 on assistant
-tokens), plus ``PREFIX.stats.json``. Samples are stored unpacked; ``build_sft_dataset(PREFIX, S)``
+tokens), plus ``PREFIX.stats.json``; all renamed into place at the end, and written only when at
+least one sample is usable. Samples are stored unpacked; ``build_sft_dataset(PREFIX, S)``
 packs them for context ``S`` when it loads (best-fit decreasing, deterministic, cheap), so one
 prepared set serves any context length.
 
@@ -26,7 +27,7 @@ from tqdm import tqdm
 
 from infir.data.chat import BadSample, ChatFormatter, to_messages
 from infir.data.sources import iter_rows, plan_shards
-from infir.data.tokenize_corpus import _atomic_write_json, megatron_indexed, token_dtype
+from infir.data.tokenize_corpus import _atomic_write_json, megatron_indexed, no_documents, staged, token_dtype
 
 OVERLONG_POLICIES = ("drop", "truncate")
 
@@ -54,12 +55,18 @@ def prepare_sft(
     fmt = ChatFormatter(tokenizer_dir)
     output_prefix = str(output_prefix)
     Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
-    counts, skipped, skipped_lines = _write_samples(input_path, output_prefix, fmt, seq_length, overlong, progress)
+    outputs = [output_prefix + ".bin", output_prefix + ".idx", mask_prefix(output_prefix) + ".bin",
+               mask_prefix(output_prefix) + ".idx"]
+    with staged(*outputs) as partial:
+        counts, skipped, skipped_lines = _write_samples(input_path, partial, fmt, seq_length, overlong, progress)
+        if not counts["samples"]:
+            raise no_documents([input_path], "sample", dict(skipped), [_example(e) for e in skipped_lines[:1]],
+                               _fix_for(skipped))
     stats = {
         "output": output_prefix, "seq_length": seq_length, "overlong": overlong,
         "samples": counts["samples"], "tokens": counts["tokens"], "loss_tokens": counts["loss_tokens"],
         "truncated": counts["truncated"], "skipped": dict(skipped),
-        "skipped_examples": [f"{e['file']}:{e['line']}: {e['reason']}" for e in skipped_lines[:50]],
+        "skipped_examples": [_example(e) for e in skipped_lines[:50]],
         "chat_template": "fallback ChatML" if fmt.uses_fallback_template else "tokenizer's own",
         "tokenizer": fmt.tok.fingerprint,
         "pad_id": fmt.tok.eod,  # fills the tail of packed rows (masked out of the loss)
@@ -71,25 +78,36 @@ def prepare_sft(
     return stats
 
 
-def _write_samples(input_path: Path, output_prefix: str, fmt: ChatFormatter, seq_length: int, overlong: str,
+def _fix_for(skipped: Counter) -> str:
+    if "longer than seq_length" in skipped:
+        return "raise --seq-length or pass --overlong truncate"
+    return "each line needs 'messages' or 'prompt'/'response' with an assistant reply"
+
+
+def _example(entry: dict) -> str:
+    return f"{entry['file']}:{entry['line']}: {entry['reason']}"
+
+
+def _write_samples(input_path: Path, outputs: list[str], fmt: ChatFormatter, seq_length: int, overlong: str,
                    progress: bool) -> tuple[Counter, Counter, list[dict]]:
-    """Write every usable row of the jsonl to PREFIX and PREFIX.lossmask, one sequence each.
+    """Write every usable row of the jsonl as one sequence of tokens and one of loss mask, to
+    ``outputs`` (tokens .bin, .idx, masks .bin, .idx).
 
     Returns the counts (samples, tokens, loss_tokens, truncated), the skipped rows by reason, and
     one entry (file, line, reason) per skipped row.
     """
     idx = megatron_indexed()
     dtype = token_dtype(fmt.tok.vocab_size)
-    tokens_out = idx.IndexedDatasetBuilder(output_prefix + ".bin", dtype=dtype)
-    masks_out = idx.IndexedDatasetBuilder(mask_prefix(output_prefix) + ".bin", dtype=np.uint8)
+    tokens_out = idx.IndexedDatasetBuilder(outputs[0], dtype=dtype)
+    masks_out = idx.IndexedDatasetBuilder(outputs[2], dtype=np.uint8)
 
     counts = Counter()
     skipped: Counter = Counter()
     skipped_lines = []
-    shards = plan_shards(input_path, target_bytes=1 << 62)
-    bar = tqdm(unit=" samples", disable=not progress, desc=f"sft -> {Path(output_prefix).name}", file=sys.stderr)
-    for shard in shards:
-        for line, row, reason in iter_rows(shard):
+    rows = (r for shard in plan_shards(input_path, target_bytes=1 << 62) for r in iter_rows(shard))
+    bar = tqdm(unit=" samples", disable=not progress, desc=f"sft {input_path.name}", file=sys.stderr)
+    try:
+        for line, row, reason in rows:
             bar.update()
             if reason is None:
                 try:
@@ -105,9 +123,10 @@ def _write_samples(input_path: Path, output_prefix: str, fmt: ChatFormatter, seq
             counts["samples"] += 1
             counts["tokens"] += len(ids)
             counts["loss_tokens"] += sum(mask)
-    bar.close()
-    tokens_out.finalize(output_prefix + ".idx")
-    masks_out.finalize(mask_prefix(output_prefix) + ".idx")
+    finally:  # an unreadable input ends the bar's line before the error is printed
+        bar.close()
+    tokens_out.finalize(outputs[1])
+    masks_out.finalize(outputs[3])
     return counts, skipped, skipped_lines
 
 
@@ -118,10 +137,11 @@ def _encode_sample(fmt: ChatFormatter, row: dict, seq_length: int, overlong: str
     A truncated row counts in ``counts["truncated"]`` even when it is then skipped for having no
     assistant token left.
     """
-    ids, mask = fmt.encode(to_messages(row))
+    # One token past the longest usable sample tells an overlong one, without encoding all of it.
+    ids, mask = fmt.encode(to_messages(row), max_tokens=seq_length + 2)
     if len(ids) - 1 > seq_length:
         if overlong == "drop":
-            raise BadSample(f"longer than seq_length ({len(ids)} tokens > {seq_length + 1})")
+            raise BadSample(f"longer than seq_length (more than {seq_length + 1} tokens)")
         ids, mask = ids[:seq_length + 1], mask[:seq_length + 1]
         counts["truncated"] += 1
     if not any(mask[1:]):

@@ -4,17 +4,37 @@ A shard is a slice of one input that one worker tokenizes on its own: a byte ran
 jsonl file (cut at line starts), whole row groups of a parquet file, a row range of an HF
 dataset, or a whole gzip file
 (gzip cannot be entered mid-stream). Every record comes back with its 1-based line (or row) number
-so bad input is reported as ``file:line: reason`` and never stops the run.
+so a bad line is reported as ``file:line: reason`` and never stops the run; a file that cannot be read
+at all (a truncated gzip, a corrupt parquet file) is a ``BadInput`` that names it.
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+class BadInput(ValueError):
+    """An input file that cannot be read (truncated, corrupt, or not what its name says): rerunning
+    will not help, the file must be fixed."""
+
+
+@contextlib.contextmanager
+def _reading(path, what: str):
+    """Turn the errors of a damaged ``what`` file into a BadInput naming ``path``."""
+    import pyarrow
+
+    try:
+        yield
+    except (EOFError, zlib.error, OSError, pyarrow.ArrowException) as err:
+        raise BadInput(f"{path}: not a readable {what} file ({err}); it is truncated or corrupt: "
+                       "fix or replace it") from None
 
 
 @dataclass(frozen=True)
@@ -82,7 +102,8 @@ def _plan_parquet(path: Path, target_rows: int) -> list[Shard]:
     """Whole row groups per shard (start/end index row groups), so a worker reads only its own."""
     import pyarrow.parquet as pq
 
-    meta = pq.ParquetFile(path).metadata
+    with _reading(path, "parquet"):
+        meta = pq.ParquetFile(path).metadata
     shards, first_group, first_row, rows = [], 0, 0, 0
     for g in range(meta.num_row_groups):
         rows += meta.row_group(g).num_rows
@@ -131,7 +152,7 @@ def _decode_json_line(raw: bytes) -> tuple[Any, str | None]:
 
 def _jsonl_lines(shard: Shard) -> Iterator[tuple[int, bytes]]:
     if shard.kind == "jsonl.gz":
-        with gzip.open(shard.path, "rb") as f:
+        with _reading(shard.path, "gzip"), gzip.open(shard.path, "rb") as f:
             yield from enumerate(f, start=1)
         return
     with open(shard.path, "rb") as f:
@@ -157,7 +178,8 @@ def iter_rows(shard: Shard) -> Iterator[tuple[int, Any, str | None]]:
     elif shard.kind == "parquet":
         import pyarrow.parquet as pq
 
-        table = pq.ParquetFile(shard.path).read_row_groups(list(range(shard.start, shard.end)))
+        with _reading(shard.path, "parquet"):
+            table = pq.ParquetFile(shard.path).read_row_groups(list(range(shard.start, shard.end)))
         for i, row in enumerate(table.to_pylist()):
             yield shard.first_line + i, row, None
     else:

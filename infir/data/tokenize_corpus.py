@@ -5,13 +5,16 @@ Layout while running: ``PREFIX.shards/`` holds one ``<id>.bin/.idx`` per finishe
 complete. A rerun of the same command skips done shards; a worker that fails leaves the others'
 work on disk and the error names the shard. When all shards are done they are concatenated with
 megatron's ``IndexedDatasetBuilder.add_index`` (so megatron's own reader loads the result),
-``PREFIX.stats.json`` is written and the shard folder is removed.
+``PREFIX.stats.json`` is written and the shard folder is removed. The merged files are written under
+``.partial`` names and renamed at the end, and inputs with no usable document are refused
+(``NoDocuments``): a failed run never leaves a PREFIX.bin/.idx that looks like a dataset.
 
 Each document is its token ids followed by the EOD token (``<|endoftext|>``), stored as one
 sequence and one document, as megatron's preprocess_data.py does with ``--append-eod``.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import multiprocessing as mp
@@ -28,8 +31,8 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from infir.data.sources import Shard, iter_texts, plan_shards
-from infir.data.tokenizer import TextTokenizer, load_tokenizer
+from infir.data.sources import BadInput, Shard, iter_texts, plan_shards
+from infir.data.tokenizer import PIECE_CHARS, TextTokenizer, TextTooLong, load_tokenizer
 
 BATCH_DOCS = 256
 MAX_EXAMPLES_PER_REASON = 20
@@ -60,6 +63,36 @@ class ShardFailed(RuntimeError):
     pass
 
 
+class NoDocuments(ValueError):
+    """The inputs hold no usable document (empty, or every line skipped)."""
+
+
+def no_documents(inputs: Sequence, what: str, skipped: dict, examples: list[str], hint: str) -> NoDocuments:
+    """The one-line error for inputs that gave nothing to write, with why their lines were skipped."""
+    names = ", ".join(map(str, inputs))
+    if not skipped:
+        return NoDocuments(f"no {what} in {names}: the input is empty; nothing written")
+    reasons = ", ".join(f"{r}: {n}" for r, n in skipped.items())
+    first = f"; first: {examples[0]}" if examples else ""
+    return NoDocuments(f"no usable {what} in {names}: all {sum(skipped.values()):,} lines skipped ({reasons}{first}); "
+                       f"{hint}; nothing written")
+
+
+@contextlib.contextmanager
+def staged(*paths: str):
+    """Yield a ``.partial`` name for each of ``paths``; rename them into place when the block ends, or
+    delete them if it raises, so readers never see a half-written or refused output."""
+    partial = [p + ".partial" for p in paths]
+    try:
+        yield partial
+    except BaseException:
+        for p in partial:
+            Path(p).unlink(missing_ok=True)
+        raise
+    for tmp, final in zip(partial, paths):
+        os.replace(tmp, final)
+
+
 def tokenize_shard(shard: Shard, out_prefix: str, tok: TextTokenizer, text_key: str) -> dict:
     """Write one shard's documents to ``out_prefix.bin/.idx``; return its stats."""
     dtype = token_dtype(tok.vocab_size)
@@ -67,27 +100,44 @@ def tokenize_shard(shard: Shard, out_prefix: str, tok: TextTokenizer, text_key: 
     stats = {"documents": 0, "tokens": 0, "skipped": Counter(), "skipped_lines": []}
     batch: list[str] = []
 
+    def add(ids: np.ndarray) -> None:
+        builder.add_document(ids, [len(ids)])
+        stats["documents"] += 1
+        stats["tokens"] += len(ids)
+
     def flush():
         for ids in tok.encode_batch(batch):
             ids.append(tok.eod)
-            builder.add_document(np.asarray(ids, dtype=dtype), [len(ids)])
-            stats["tokens"] += len(ids)
-        stats["documents"] += len(batch)
+            add(np.asarray(ids, dtype=dtype))
         batch.clear()
+
+    def skip(line: int, reason: str) -> None:
+        stats["skipped"][reason.split(" (")[0]] += 1
+        stats["skipped_lines"].append({"file": shard.path, "line": line, "reason": reason})
 
     for rec in iter_texts(shard, text_key):
         if rec.skip is not None:
-            stats["skipped"][rec.skip.split(" (")[0]] += 1
-            stats["skipped_lines"].append({"file": shard.path, "line": rec.line, "reason": rec.skip})
-            continue
-        batch.append(rec.value)
-        if len(batch) >= BATCH_DOCS:
-            flush()
-    if batch:
-        flush()
+            skip(rec.line, rec.skip)
+        elif len(rec.value) > PIECE_CHARS:
+            flush()  # documents stay in input order
+            try:
+                add(_encode_long(tok, rec.value, dtype))
+            except TextTooLong as err:
+                skip(rec.line, str(err))
+        else:
+            batch.append(rec.value)
+            if len(batch) >= BATCH_DOCS:
+                flush()
+    flush()
     builder.finalize(out_prefix + ".idx")
     stats["skipped"] = dict(stats["skipped"])
     return stats
+
+
+def _encode_long(tok: TextTokenizer, text: str, dtype) -> np.ndarray:
+    """A long document's ids and EOD, encoded piece by piece and kept as ``dtype`` (2 or 4 bytes a token)."""
+    pieces = [np.asarray(ids, dtype=dtype) for ids in tok.encode_long(text)]
+    return np.concatenate([*pieces, np.asarray([tok.eod], dtype=dtype)])
 
 
 # Worker state. The parent loads the tokenizer once and the forked workers inherit it: loading
@@ -102,13 +152,16 @@ def _init_worker() -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
-def _run_shard(job: tuple[str, Shard, str]) -> tuple[str, dict | None, str | None]:
+def _run_shard(job: tuple[str, Shard, str]) -> tuple[str, dict | None, str | BadInput | None]:
+    """``(shard id, stats, None)``, or the failure: the BadInput itself, else the traceback."""
     shard_id, shard, out_prefix = job
     try:
         stats = tokenize_shard(shard, out_prefix, _WORKER["tok"], _WORKER["text_key"])
         stats["shard"] = asdict(shard)
         _atomic_write_json(Path(out_prefix + ".stats.json"), stats)
         return shard_id, stats, None
+    except BadInput as err:  # the file itself is broken: the parent reports it as bad input
+        return shard_id, None, err
     except Exception:  # reported by the parent with the shard's name; other shards keep going
         return shard_id, None, traceback.format_exc()
 
@@ -143,15 +196,14 @@ def tokenize_to_indexed(
         return done
 
     shard_dir = Path(output_prefix + ".shards")
+    workers = max(1, int(workers))
+    jobs = _plan_jobs(inputs, shard_dir, workers, shard_bytes)  # reads the inputs' headers: fails before writing
     shard_dir.mkdir(exist_ok=True)
     _check_shard_dir(shard_dir, fingerprint)
-    workers = max(1, int(workers))
-    jobs = _plan_jobs(inputs, shard_dir, workers, shard_bytes)
     results, todo = _split_done(jobs)
     start = time.time()
     failures = _run_shards(jobs, todo, results, workers, Path(output_prefix).name, progress)
-    if failures:
-        raise _shards_failed(failures, jobs, len(results), shard_dir)
+    _raise_on_failures(failures, jobs, results, shard_dir, inputs)
 
     stats = _merge(jobs, results, output_prefix, tok)
     stats.update(fingerprint=fingerprint, seconds=round(time.time() - start, 2), workers=workers,
@@ -159,6 +211,25 @@ def tokenize_to_indexed(
     _atomic_write_json(Path(output_prefix + ".stats.json"), stats)
     shutil.rmtree(shard_dir)
     return stats
+
+
+def _raise_on_failures(failures, jobs, results: dict[str, dict], shard_dir: Path, inputs: list[Path]) -> None:
+    """A broken input file or inputs with no document end the run with nothing kept (a rerun would
+    fail the same way); other shard failures keep the finished shards for a rerun to resume from."""
+    bad = [err for _, err in failures if isinstance(err, BadInput)]
+    if bad:
+        shutil.rmtree(shard_dir)
+        raise bad[0]
+    if failures:
+        raise _shards_failed(failures, jobs, len(results), shard_dir)
+    if not sum(r["documents"] for r in results.values()):
+        shutil.rmtree(shard_dir)
+        skipped: Counter = Counter()
+        for r in results.values():
+            skipped.update(r["skipped"])
+        examples = [f"{e['file']}:{e['line']}: {e['reason']}" for r in results.values() for e in r["skipped_lines"][:1]]
+        raise no_documents(inputs, "document", dict(skipped), examples,
+                           "each line needs a non-empty string under --text-key")
 
 
 def _existing_inputs(inputs: Sequence[Path | str]) -> list[Path]:
@@ -256,11 +327,14 @@ def _run_in_process(todo, collect) -> None:
 
 
 def _shards_failed(failures: list[tuple[str, str]], jobs, finished: int, shard_dir: Path) -> ShardFailed:
+    """One line naming each failed shard and its error; the tracebacks go to ``shard_dir/errors.log``."""
     path_of = {sid: shard.path for sid, shard, _ in jobs}
-    msgs = "\n".join(f"--- shard {sid} ({path_of[sid]}):\n{err}" for sid, err in failures)
+    log = shard_dir / "errors.log"
+    log.write_text("".join(f"--- shard {sid} ({path_of[sid]}):\n{err}\n" for sid, err in failures))
+    causes = "; ".join(f"shard {sid} of {path_of[sid]}: {err.strip().splitlines()[-1]}" for sid, err in failures)
     return ShardFailed(
-        f"{len(failures)} of {len(jobs)} shards failed; the {finished} finished ones are kept in "
-        f"{shard_dir} and a rerun of the same command resumes from them.\n{msgs}")
+        f"{len(failures)} of {len(jobs)} shards failed ({causes}); the {finished} finished ones are kept in "
+        f"{shard_dir} and a rerun of the same command resumes from them (tracebacks: {log})")
 
 
 def _check_shard_dir(shard_dir: Path, fingerprint: dict) -> None:
@@ -275,20 +349,21 @@ def _check_shard_dir(shard_dir: Path, fingerprint: dict) -> None:
 
 
 def _merge(jobs, results: dict[str, dict], output_prefix: str, tok: TextTokenizer) -> dict:
-    builder = megatron_indexed().IndexedDatasetBuilder(output_prefix + ".bin", dtype=token_dtype(tok.vocab_size))
     skipped: Counter = Counter()
     skipped_lines = []
-    # add_index runs gc.collect() per shard, a full heap walk (slow once torch is imported); freezing
-    # the objects that exist now leaves it only the merge's own garbage to look at.
-    gc.freeze()
-    try:
-        for sid, _, prefix in jobs:
-            builder.add_index(prefix)
-            skipped.update(results[sid]["skipped"])
-            skipped_lines.extend(results[sid]["skipped_lines"])
-    finally:
-        gc.unfreeze()
-    builder.finalize(output_prefix + ".idx")
+    with staged(output_prefix + ".bin", output_prefix + ".idx") as (bin_path, idx_path):
+        builder = megatron_indexed().IndexedDatasetBuilder(bin_path, dtype=token_dtype(tok.vocab_size))
+        # add_index runs gc.collect() per shard, a full heap walk (slow once torch is imported); freezing
+        # the objects that exist now leaves it only the merge's own garbage to look at.
+        gc.freeze()
+        try:
+            for sid, _, prefix in jobs:
+                builder.add_index(prefix)
+                skipped.update(results[sid]["skipped"])
+                skipped_lines.extend(results[sid]["skipped_lines"])
+        finally:
+            gc.unfreeze()
+        builder.finalize(idx_path)
     with open(output_prefix + ".skipped.jsonl", "w") as f:
         for entry in skipped_lines:
             f.write(json.dumps(entry) + "\n")

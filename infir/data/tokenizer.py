@@ -8,6 +8,10 @@ both). The switch is guarded, not assumed: the vocabulary must map every one of 
 strings to the same id, the pre-tokenizer must be Qwen's regex and the normaliser NFC, and a probe
 text must encode identically both ways; any mismatch keeps HF (``tests/data/test_tokenizer.py`` checks the two agree
 on random text through a Qwen-vocab HF tokenizer built from ``qwen.tiktoken``).
+
+Long texts are encoded in pieces (``TextTokenizer.pieces``), so memory follows the piece, not the
+document: encoders keep a few hundred bytes per token of a call (HF's offsets and token strings, the
+Python list of ids), which for one 50 MB document is gigabytes.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import re
 import unicodedata
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from tokenizers import Tokenizer
 
@@ -28,8 +32,24 @@ _PROBE = ("Hello, world! 1234567 café naïve ﬁ Ω 你好，世界 'll 've  \n
           "<|im_start|>user\nx<|im_end|> emoji 🤖🎉 ∑∫ ١٢٣ ﬃ Å")
 
 
+# Texts are encoded in pieces of about PIECE_CHARS characters; a piece that finds no place to end
+# within MAX_PIECE_CHARS is refused (TextTooLong) rather than encoded whole.
+PIECE_CHARS = 1 << 18
+MAX_PIECE_CHARS = 1 << 22
+
+# Places where Qwen's pre-tokenizer (QWEN_PRETOKENIZE_PATTERN) splits whatever surrounds them: a line
+# start (after a newline, before a non-space) and the space before a word (between two letters). No
+# pre-token crosses them, and NFC does not compose across them, so the pieces on either side encode
+# to the ids of the whole (tests/data/test_tokenizer.py checks it on random text).
+_CUT = re.compile(r"(?<=\n)(?=\S)|(?<=[^\W\d_]) (?=[^\W\d_])")
+
+
 class TokenizerNotFound(FileNotFoundError):
     pass
+
+
+class TextTooLong(ValueError):
+    """A text that cannot be cut into pieces of at most MAX_PIECE_CHARS characters."""
 
 
 def _require_dir(path: Path) -> Path:
@@ -47,7 +67,7 @@ class TextTokenizer:
 
     def __init__(self, path: Path | str, allow_tiktoken: bool = True):
         self.path = _require_dir(Path(path))
-        self.hf = Tokenizer.from_file(str(self.path / "tokenizer.json"))
+        self.hf = _read_tokenizer_json(self.path / "tokenizer.json")
         eod = self.hf.token_to_id(EOD_TOKEN)
         if eod is None:
             raise ValueError(
@@ -55,7 +75,9 @@ class TextTokenizer:
                 "(Qwen2.5 and the demo tokenizer have it): use a Qwen-style tokenizer")
         self.eod = eod
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
-        self._tiktoken = _qwen_tiktoken_twin(self.hf) if allow_tiktoken else None
+        spec = json.loads(self.hf.to_str())
+        self.cuttable = _splits_like_qwen(spec)
+        self._tiktoken = _qwen_tiktoken_twin(self.hf, spec) if allow_tiktoken else None
         if self._tiktoken is not None:
             self._special_ids = {t.content: i for i, t in self.hf.get_added_tokens_decoder().items()}
             self._special_split = re.compile(
@@ -97,12 +119,42 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 
+    def pieces(self, text: str) -> Iterator[tuple[int, str]]:
+        """``(start, piece)``: ``text`` in pieces of about PIECE_CHARS characters whose ids, concatenated,
+        are the ids of ``text``. Only a Qwen-style pre-tokenizer is cut; another gets one piece.
+        TextTooLong when a piece would exceed MAX_PIECE_CHARS."""
+        start = 0
+        while len(text) - start > PIECE_CHARS:
+            cut = _CUT.search(text, start + PIECE_CHARS, start + MAX_PIECE_CHARS) if self.cuttable else None
+            if cut is None:
+                break
+            yield start, text[start:cut.start()]
+            start = cut.start()
+        if len(text) - start > MAX_PIECE_CHARS:
+            where = ("with no line break or space between words" if self.cuttable
+                     else "(only a Qwen-style pre-tokenizer is cut into pieces)")
+            raise TextTooLong(f"too long to encode (a stretch of more than {MAX_PIECE_CHARS:,} characters {where})")
+        yield start, text[start:]
+
+    def encode_long(self, text: str) -> Iterator[list[int]]:
+        """The ids of ``text`` piece by piece (see ``pieces``): the memory of one piece, whatever the length."""
+        for _, piece in self.pieces(text):
+            yield self.encode(piece)
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=False)
 
 
 def _nfc(text: str) -> str:
     return text if unicodedata.is_normalized("NFC", text) else unicodedata.normalize("NFC", text)
+
+
+def _read_tokenizer_json(path: Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # the Rust library raises a bare Exception for any unreadable file
+        raise ValueError(f"{path} is not a readable HF tokenizer file ({err}): it is truncated or corrupt; "
+                         "copy the tokenizer directory again") from None
 
 
 def load_tokenizer(path: Path | str, allow_tiktoken: bool = True) -> TextTokenizer:
@@ -142,14 +194,19 @@ def _pre_tokenizer_pattern(spec: dict | None) -> str | None:
     return None
 
 
-def _qwen_tiktoken_twin(hf: Tokenizer):
-    """A tiktoken Encoding equal to ``hf`` if ``hf`` is Qwen's vocabulary; None otherwise."""
+def _splits_like_qwen(spec: dict) -> bool:
+    """Qwen's pre-tokenizer regex, after no normaliser or NFC: the texts ``_CUT`` may cut."""
+    return (_pre_tokenizer_pattern(spec.get("pre_tokenizer")) == QWEN_PRETOKENIZE_PATTERN
+            and (spec.get("normalizer") or {}).get("type", "NFC") == "NFC")
+
+
+def _qwen_tiktoken_twin(hf: Tokenizer, spec: dict):
+    """A tiktoken Encoding equal to ``hf`` (whose JSON is ``spec``) if it is Qwen's vocabulary; None otherwise."""
     if os.environ.get("INFIR_DISABLE_TIKTOKEN") == "1":
         return None
     ranks_file = qwen_tiktoken_file()
     if ranks_file is None or hf.get_vocab_size(with_added_tokens=False) < 151_643:
         return None
-    spec = json.loads(hf.to_str())
     if _pre_tokenizer_pattern(spec.get("pre_tokenizer")) != QWEN_PRETOKENIZE_PATTERN:
         return None
     if (spec.get("normalizer") or {}).get("type") != "NFC":

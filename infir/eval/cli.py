@@ -22,10 +22,21 @@ def _run(overrides: list[str]) -> int:
     from infir.eval.runner import evaluate
 
     cfg = load_config(overrides)
+    _check_inputs(cfg)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("infir.eval").info("config:\n%s", OmegaConf.to_yaml(cfg))
     print(summary_markdown(evaluate(cfg)))
     return 0
+
+
+def _check_inputs(cfg) -> None:
+    """What can be checked before a model loads: the model path and the benchmark names."""
+    from infir.eval.benchmarks import get_benchmark
+    from infir.eval.model_input import check_model
+
+    check_model(cfg.model)
+    for name in cfg.benchmarks:
+        get_benchmark(name)
 
 
 def _compare(argv: list[str]) -> int:
@@ -52,20 +63,35 @@ def _list() -> int:
     return 0
 
 
+def _one_line(err: Exception) -> str:
+    """An expected error as one line; OmegaConf's errors name their key first."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    first = str(err.args[0] if isinstance(err, KeyError) and err.args else err).strip().splitlines()[0]
+    if isinstance(err, OmegaConfBaseException) and getattr(err, "full_key", None):
+        return f"{err.full_key}: {first}"
+    return first
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Expected failures (a missing or unreadable model, summary or preset, a bad key or value) end
+    with one line naming the problem and exit code 2."""
+    from omegaconf.errors import OmegaConfBaseException
+
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command == "run":
-        return _run(rest)
-    if command == "compare":
-        return _compare(rest)
-    if command == "list":
-        return _list()
-    print(f"infir-eval: unknown command {command!r}\n{USAGE}", file=sys.stderr)
-    return 2
+    commands = {"run": lambda: _run(rest), "compare": lambda: _compare(rest), "list": _list}
+    if command not in commands:
+        print(f"infir-eval: unknown command {command!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return commands[command]()
+    except (FileNotFoundError, ValueError, KeyError, OmegaConfBaseException) as err:
+        print(f"infir-eval {command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -31,7 +31,14 @@ def load_summary(run: str | Path) -> dict:
     path = path / "summary.json" if path.is_dir() else path
     if not path.is_file():
         raise FileNotFoundError(f"{run}: no summary.json (is it an `infir-eval run` output directory?)")
-    return json.loads(path.read_text())
+    try:
+        summary = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): it is truncated or corrupt; "
+                         "rerun the eval to write it again") from None
+    if not (isinstance(summary, dict) and isinstance(summary.get("benchmarks"), dict)):
+        raise ValueError(f"{path} is not an `infir-eval run` summary (no 'benchmarks' mapping)")
+    return summary
 
 
 def compare_markdown(summaries: list[dict], metric: str = "avg") -> str:

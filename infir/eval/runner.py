@@ -88,8 +88,8 @@ def evaluate(cfg, backend: GenerationBackend | None = None) -> dict:
 
     model_path = Path(cfg.model).expanduser()
     out_dir = Path(cfg.out_dir or Path("eval_runs") / model_path.name)
+    model_dir = resolve_model(model_path, out_dir)  # before out_dir is made: a bad model= leaves nothing behind
     out_dir.mkdir(parents=True, exist_ok=True)
-    model_dir = resolve_model(model_path, out_dir)
     tokenizer_dir = Path(cfg.tokenizer) if cfg.tokenizer else model_dir
     if not has_tokenizer(tokenizer_dir):
         raise FileNotFoundError(f"no tokenizer in {tokenizer_dir}; pass tokenizer=<HF tokenizer directory>")

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 FORMAT = "infir-mcore-v1"
@@ -49,7 +50,44 @@ def load_shard(iter_dir: Path, tp_rank: int) -> dict[str, torch.Tensor]:
     path = shard_path(iter_dir, tp_rank)
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the checkpoint {iter_dir} is incomplete or was written at another TP size")
-    return load_file(str(path))
+    return load_safetensors(path)
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a truncated or corrupt file is a ValueError that names it."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise _unreadable(path, err) from None
+
+
+def check_safetensors(path: Path) -> None:
+    """Read only the header: a truncated or corrupt file is a ValueError that names it (safetensors
+    checks that the header's byte ranges cover the file exactly)."""
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except SafetensorError as err:
+        raise _unreadable(path, err) from None
+
+
+def _unreadable(path: Path, err: Exception) -> ValueError:
+    return ValueError(f"{path} is not a readable safetensors file ({err}): it is truncated or corrupt; "
+                      "write or copy it again")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; a truncated or corrupt file is a ValueError that names it."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        reason = (f"{err.msg} at line {err.lineno} column {err.colno}" if isinstance(err, json.JSONDecodeError)
+                  else "not UTF-8")
+        raise ValueError(f"{path} is not valid JSON ({reason}): it is truncated or corrupt; "
+                         "write or copy it again") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object: it is not the file expected there")
+    return value
 
 
 def write_meta(iter_dir: Path, meta: dict) -> None:
@@ -61,9 +99,12 @@ def read_meta(iter_dir: Path) -> dict:
     path = Path(iter_dir) / "meta.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: {iter_dir} is not an infir checkpoint directory")
-    meta = json.loads(path.read_text())
+    meta = read_json(path)
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} has format {meta.get('format')!r}; expected {FORMAT!r}")
+    tp = meta.get("tp")
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"{path} has tp={tp!r}; expected the tensor-parallel size it was written at, an integer >= 1")
     return meta
 
 

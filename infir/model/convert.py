@@ -20,7 +20,6 @@ config.json, model.safetensors (or sharded with an index), generation_config.jso
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import warnings
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file
 
 from infir.model import ckpt_format
 from infir.model.hf_config import hf_config, size_from_hf_config, size_name
@@ -312,7 +310,7 @@ def _read_hf_config(hf_dir: Path) -> dict:
     path = hf_dir / "config.json"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: --hf must name a HF model directory (config.json + safetensors)")
-    return json.loads(path.read_text())
+    return ckpt_format.read_json(path)
 
 
 def load_hf_state(hf_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -320,18 +318,28 @@ def load_hf_state(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     hf_dir = Path(hf_dir)
     single, index = hf_dir / "model.safetensors", hf_dir / "model.safetensors.index.json"
     if single.exists():
-        return load_file(str(single))
+        return ckpt_format.load_safetensors(single)
     if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         state: dict[str, torch.Tensor] = {}
-        for name in files:
-            state.update(load_file(str(hf_dir / name)))
+        for name in _index_files(index):
+            state.update(ckpt_format.load_safetensors(hf_dir / name))
         return state
     if any(hf_dir.glob("pytorch_model*.bin")):
         raise FileNotFoundError(
             f"{hf_dir} holds only PyTorch .bin weights; re-save it with save_pretrained(..., safe_serialization=True)"
         )
     raise FileNotFoundError(f"{hf_dir} has neither model.safetensors nor model.safetensors.index.json")
+
+
+def _index_files(index: Path) -> list[str]:
+    """The files a model.safetensors.index.json names, each one present."""
+    weight_map = ckpt_format.read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ValueError(f"{index} has no 'weight_map' of tensor names to file names: it is not a safetensors index")
+    files = sorted(set(weight_map.values()))
+    if missing := [f for f in files if not (index.parent / f).is_file()]:
+        raise FileNotFoundError(f"{index} names {', '.join(missing)}, missing from {index.parent}: the download is incomplete")
+    return files
 
 
 def _has_tokenizer(path: Path) -> bool:
@@ -374,7 +382,7 @@ def hf_to_mcore(hf_dir: str | Path, out_dir: str | Path, tp: int = 1) -> Path:
         "hf": {
             "source": str(hf_dir),
             "token_ids": {k: raw_config.get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id") if raw_config.get(k) is not None},
-            "generation_config": json.loads(generation_path.read_text()) if generation_path.exists() else None,
+            "generation_config": ckpt_format.read_json(generation_path) if generation_path.exists() else None,
         },
     })
     ckpt_format.commit(tmp, final)

@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         runs, pairs, evals, written = build_report(args.paths, args.out, args.baseline, args.title)
-    except (FileNotFoundError, ValueError) as err:
+    except (OSError, ValueError) as err:  # a missing or unreadable run, or an --out that cannot be written
         print(f"infir-compare: {err}", file=sys.stderr)
         return 2
     print(f"infir-compare: {len(runs)} runs, {len(pairs)} {args.baseline} pairs, {len(evals)} eval results, "

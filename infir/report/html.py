@@ -57,7 +57,7 @@ def runs_table(runs: list[Run]) -> str:
     rows = []
     for r in runs:
         s = run_stats(r)
-        rows.append([r.name, r.model, r.precision, r.stage, r.status, len(r.train), s.consumed_tokens,
+        rows.append([r.name, r.model, r.precision, r.stage, r.status, r.steps, s.consumed_tokens,
                      s.final_loss, s.final_val_loss, s.tokens_per_s, s.mfu, s.peak_mem_gib])
     return _table(header, rows, left=5)
 

@@ -42,6 +42,11 @@ class Run:
     def variant(self) -> str:
         return f"{self.model}-{self.precision}"
 
+    @property
+    def steps(self) -> int:
+        """The last step the run logged (runs log every few steps, so not the number of rows)."""
+        return int(self.train[-1]["step"]) if self.train else 0
+
 
 @dataclass
 class EvalResult:
@@ -88,11 +93,12 @@ def _normalise_key(key: str) -> str:
 
 
 def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """Train rows (with `loss`) and validation rows (with `val_loss`), one per step, last write wins, by step."""
+    """Train rows (with `loss`) and validation rows (with `val_loss`), one per step, last write wins, by step.
+    Every row returned carries its `step` (W&B rows name it `_step`)."""
     train, val = {}, {}
     for i, raw in enumerate(rows):
         row = {_normalise_key(k): v for k, v in raw.items()}
-        step = row.get("step", row.get("_step", i))
+        step = row.setdefault("step", row.get("_step", i))
         if row.get("loss") is not None:
             train[step] = row
         if row.get("val_loss") is not None:
@@ -101,25 +107,43 @@ def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    lines = Path(path).read_text().splitlines()
+    try:
+        lines = Path(path).read_text().splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text ({err}): it is corrupt") from None
     rows = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as err:
             if n == len(lines):  # a run killed mid-write leaves a torn last line
                 warnings.warn(f"{path}:{n}: dropping torn last line ({err})")
                 continue
             raise ValueError(f"{path}:{n}: not a JSON line ({err}); metrics.jsonl holds one JSON object per line") from err
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: a JSON {type(row).__name__}, not an object; "
+                             "metrics.jsonl holds one JSON object per line")
+        rows.append(row)
     return rows
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`; ValueError naming the file when it is truncated, corrupt or not an object."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}): it is truncated or corrupt") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object")
+    return value
 
 
 def load_run_dir(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_json(summary_path) if summary_path.is_file() else {}
     name = summary.get("run_name") or run_dir.name
     model, precision, stage = identify(summary, name)
     train, val = split_rows(read_jsonl(run_dir / "metrics.jsonl"))
@@ -185,12 +209,25 @@ def discover(paths: list[Path]) -> tuple[list[Run], list[EvalResult]]:
             f"no runs under {', '.join(map(str, paths))}: expected metrics.jsonl (infir-train run dirs) "
             "or wandb/offline-run-*/run-*.wandb"
         )
+    runs = _with_steps(runs)
     evals = [e for e in (load_eval(p, runs) for p in sorted(eval_files)) if e is not None]
     return runs, evals
 
 
+def _with_steps(runs: list[Run]) -> list[Run]:
+    """The runs that logged a training step; the others are left out with a warning (a run that has
+    just started), or, when none has, the report is refused rather than drawn empty."""
+    empty = [r for r in runs if not r.train]
+    if len(empty) == len(runs):
+        raise ValueError(f"no run has logged a training step (no row with a loss in "
+                         f"{', '.join(str(r.source) for r in empty)})")
+    for r in empty:
+        warnings.warn(f"{r.source}: left out of the report: it has logged no training step")
+    return [r for r in runs if r.train]
+
+
 def load_eval(path: Path, runs: list[Run]) -> EvalResult | None:
-    summary = json.loads(Path(path).read_text())
+    summary = read_json(path)
     scores = score_leaves(summary)
     if not scores:
         return None

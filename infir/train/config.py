@@ -3,7 +3,8 @@ the rule and the valid values.
 
 Each group's fields are typed and range-checked by its dataclass (schema.py): Hydra rejects an
 unknown key or a wrong type while composing, `typed` runs the range checks. `validate` adds the
-rules that span groups and the ones that look at the disk (init_from, run_dir).
+rules that span groups and the ones that look at the disk (the stage's data, the tokenizer,
+init_from, run_dir).
 """
 from __future__ import annotations
 
@@ -104,20 +105,64 @@ def _writable(run_dir: Path) -> str | None:
     return None
 
 
+def _check_data(cfg: DictConfig) -> None:
+    """The stage reads its own source only; that source, data.valid and data.tokenizer hold what
+    training reads (infir.data.checks looks at headers and sizes, reading no data)."""
+    from infir.data.checks import source_problem
+
+    st = cfg.stage
+    check(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset,
+          "pretrain with data=synthetic")
+    check(st.dataset != "pretrain" or st.iters is not None, "stage.iters", st.iters,
+          "a positive integer for a pretraining stage (stage.epochs applies to SFT stages)")
+    if cfg.data.tokenizer is not None:
+        check((Path(cfg.data.tokenizer) / "tokenizer.json").is_file(), "data.tokenizer", cfg.data.tokenizer,
+              "an HF tokenizer directory holding tokenizer.json (Qwen2.5's model directory), or null for the demo's")
+    if cfg.data.name != "custom":
+        return
+    source = (cfg.data.sources or {}).get(st.dataset)
+    sft = st.dataset != "pretrain"
+    if not source:
+        raise ConfigError(
+            f"data.sources.{st.dataset} is not set: stage={st.name} reads the '{st.dataset}' source; prepare it with "
+            f"`infir-prep {'sft' if sft else 'pretrain'}` and pass data.sources.{st.dataset}=PREFIX"
+            + ("" if sft else " (or a [weight, prefix, ...] blend)")
+        )
+    for key, value in ((f"data.sources.{st.dataset}", source), ("data.valid", cfg.data.valid)):
+        if value is not None:
+            value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            problem = source_problem(value, sft=sft)
+            check(problem is None, key, value, f"{_SOURCE_KINDS[sft]} ({problem})")
+
+
+_SOURCE_KINDS = {
+    False: "an indexed-dataset prefix from `infir-prep pretrain`, a [weight, prefix, ...] blend or a mixture file "
+           "from `infir-prep mixture`",
+    True: "a prefix from `infir-prep sft`",
+}
+
+
+def _checkpoint_problem(path: str) -> str | None:
+    """Why `path` is not a checkpoint whose weights can start a run, or None."""
+    from infir.model import ckpt_format
+
+    try:
+        ckpt_format.read_meta(ckpt_format.resolve(path))
+    except (FileNotFoundError, ValueError) as e:
+        return str(e)
+    return None
+
+
 def validate(cfg: DictConfig) -> None:
     """The field rules (typed) plus those across groups and on the disk; ConfigError at the first broken one."""
     from infir.model.qwen import SIZES, check_parallel
 
     typed(cfg)
     st = cfg.stage
-    check(cfg.data.name != "synthetic" or st.dataset == "pretrain", "stage.dataset", st.dataset, "pretrain with data=synthetic")
-    if cfg.data.name == "custom" and not (cfg.data.sources or {}).get(st.dataset):
-        raise ConfigError(
-            f"data.sources.{st.dataset} is not set: stage={st.name} reads the '{st.dataset}' source; "
-            f"prepare it with `infir-prep` and pass data.sources.{st.dataset}=PREFIX (or a [weight, prefix, ...] blend)"
-        )
+    _check_data(cfg)
     if cfg.init_from is not None:
-        check(Path(cfg.init_from).exists(), "init_from", cfg.init_from, "an existing checkpoint directory (or null)")
+        problem = _checkpoint_problem(cfg.init_from)
+        check(problem is None, "init_from", cfg.init_from, f"an infir checkpoint or run directory, or null ({problem})")
     problem = _writable(Path(cfg.run_dir))
     check(problem is None, "run_dir", cfg.run_dir, f"a directory this process can write ({problem})")
     try:

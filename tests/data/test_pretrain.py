@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from cli_messages import messages
 
 from infir.data import DEMO_TOKENIZER
 from infir.data.cli import main as prep_main
@@ -120,6 +121,7 @@ def test_a_failed_shard_keeps_the_finished_ones_and_a_rerun_resumes(tmp_path, do
         tokenize_to_indexed([src], tmp_path / "o", DEMO_TOKENIZER, workers=1, shard_bytes=40_000, progress=False)
     n_shards = len(calls)
     assert n_shards >= 4 and "rerun of the same command resumes" in str(err.value)
+    assert "\n" not in str(err.value) and "Traceback" in (tmp_path / "o.shards" / "errors.log").read_text()
     assert len(list((tmp_path / "o.shards").glob("*.stats.json"))) == n_shards - 1
 
     calls.clear()
@@ -136,6 +138,17 @@ def test_shards_of_another_tokenizer_are_refused(tmp_path, docs):
     (tmp_path / "o.shards" / "fingerprint.json").write_text('{"tokenizer": "something else"}')
     with pytest.raises(RuntimeError, match="another tokenizer"):
         tokenize_to_indexed([src], tmp_path / "o", DEMO_TOKENIZER, progress=False)
+
+
+def test_the_configs_flat_blend_is_read_as_weights_and_prefixes():
+    from infir.data.checks import blend_parts
+    from infir.data.pretrain import normalize_blend
+
+    assert blend_parts([0.3, "a", 0.7, "b"]) == (["a", "b"], [0.3, 0.7])
+    with pytest.raises(FileNotFoundError, match=r"no indexed dataset at prefix a \(a.bin and a.idx are missing\)"):
+        normalize_blend([0.3, "a", 0.7, "b"])
+    with pytest.raises(TypeError, match="cannot read blend"):
+        blend_parts([0.3, "a", 0.7])
 
 
 def test_gpt_dataset_reads_what_we_wrote(tmp_path, docs, tok):
@@ -190,3 +203,45 @@ def test_parquet_row_group_shards_keep_order_and_row_numbers(tmp_path):
     assert [r.line for r in records] == list(range(1, 1001))
     assert [r.value for r in records if r.skip is None] == [t for t in texts if t is not None]
     assert {r.line for r in records if r.skip} == {i + 1 for i, t in enumerate(texts) if t is None}
+
+
+def _written(tmp_path, inputs):
+    return sorted(p.name for p in tmp_path.rglob("*") if p not in inputs)
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "no document in {src}: the input is empty; nothing written"),
+    (b"\n\n  \n", "no document in {src}: the input is empty"),
+    (b'{"text": broken\n{"title": "x"}\n', "no usable document in {src}: all 2 lines skipped "
+                                            "(malformed json: 1, missing field 'text': 1; first: {src}:1: malformed json"),
+], ids=["empty", "blank lines", "bad lines"])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_inputs_without_a_document_fail_naming_them_and_write_nothing(tmp_path, capsys, content, message, workers):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    assert prep_main(["pretrain", "--input", str(src), "--output", str(tmp_path / "out" / "o"),
+                      "--tokenizer", str(DEMO_TOKENIZER), "--workers", str(workers)]) == 2
+    err = messages(capsys.readouterr().err)
+    assert len(err) == 1 and err[0].startswith(f"infir-prep pretrain: error: {message.format(src=src)}"), err
+    assert _written(tmp_path, [src]) == ["out"]  # the output folder, empty
+
+
+def _truncated_gzip(path):
+    data = gzip.compress(b"".join(json.dumps({"text": f"line {i}"}).encode() + b"\n" for i in range(3000)))
+    path.write_bytes(data[:len(data) // 2])
+
+
+@pytest.mark.parametrize("name, write, message", [
+    ("in.jsonl.gz", _truncated_gzip, "not a readable gzip file (Compressed file ended"),
+    ("in.jsonl.gz", lambda p: p.write_bytes(b"not gzip at all"), "not a readable gzip file"),
+    ("in.parquet", lambda p: p.write_bytes(b"PAR1 and then garbage"), "not a readable parquet file"),
+], ids=["truncated gzip", "not gzip", "corrupt parquet"])
+def test_a_truncated_or_corrupt_input_file_is_named_and_nothing_is_written(tmp_path, capsys, name, write, message):
+    good = _write_jsonl(tmp_path / "good.jsonl", ["a fine document"] * 50)
+    src = tmp_path / name
+    write(src)
+    assert prep_main(["pretrain", "--input", str(good), str(src), "--output", str(tmp_path / "o"),
+                      "--tokenizer", str(DEMO_TOKENIZER), "--workers", "2"]) == 2
+    err = messages(capsys.readouterr().err)
+    assert len(err) == 1 and err[0].startswith(f"infir-prep pretrain: error: {src}: {message}"), err
+    assert _written(tmp_path, [good, src]) == []

@@ -6,6 +6,7 @@ import shutil
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_messages import messages
 
 from infir.data import DEMO_TOKENIZER
 from infir.data.cli import main as prep_main
@@ -195,3 +196,22 @@ def test_cli_sft(tmp_path, capsys):
     assert "samples=3" in capsys.readouterr().out
     assert prep_main(["sft", "--input", str(src), "--output", str(tmp_path / "o"), "--tokenizer",
                       str(tmp_path / "none"), "--seq-length", "32"]) == 2
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "no sample in {src}: the input is empty; nothing written"),
+    (b'{"prompt": "q"}\n{"messages": [{"role": "user", "content": "q"}]}\n',
+     "no usable sample in {src}: all 2 lines skipped (neither 'messages' nor 'prompt'/'response' fields: 1, "
+     "no non-empty assistant message: 1; first: {src}:1: neither"),
+    (json.dumps({"prompt": "count", "response": " ".join(map(str, range(100)))}).encode() + b"\n",
+     "no usable sample in {src}: all 1 lines skipped (longer than seq_length: 1; first: {src}:1: longer than "
+     "seq_length (more than 33 tokens)); raise --seq-length or pass --overlong truncate; nothing written"),
+], ids=["empty", "bad lines", "all overlong"])
+def test_inputs_without_a_usable_sample_fail_naming_them_and_write_nothing(tmp_path, capsys, content, message):
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(content)
+    assert prep_main(["sft", "--input", str(src), "--output", str(tmp_path / "o"), "--tokenizer", str(DEMO_TOKENIZER),
+                      "--seq-length", "32"]) == 2
+    err = messages(capsys.readouterr().err)
+    assert len(err) == 1 and err[0].startswith(f"infir-prep sft: error: {message.format(src=src)}"), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl"]

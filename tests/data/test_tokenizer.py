@@ -52,3 +52,40 @@ def test_tokenizer_without_eod_is_refused(tmp_path):
     Tokenizer(models.BPE()).save(str(tmp_path / "tokenizer.json"))
     with pytest.raises(ValueError, match="<\\|endoftext\\|>"):
         load_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("which", ["demo", "qwen_tiktoken", "qwen_hf"])
+def test_pieces_encode_to_the_ids_of_the_whole_text(which, qwen_tokenizer_dir, monkeypatch):
+    import infir.data.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "PIECE_CHARS", 40)  # a cut every few words of the random text
+    path = DEMO_TOKENIZER if which == "demo" else qwen_tokenizer_dir
+    tok = load_tokenizer(path, allow_tiktoken=which == "qwen_tiktoken")
+    assert tok.cuttable and tok.backend == ("tiktoken" if which == "qwen_tiktoken" else "hf")
+    rng = random.Random(99 + random.SystemRandom().randint(0, 10**6))  # fresh inputs each run
+    texts = ["".join(_random_text(rng) for _ in range(20)) for _ in range(60)]
+    texts += ["\n".join(d["text"] for d in list(shakespeare_documents())[:3])]
+    cut = 0
+    for text in texts:
+        pieces = [p for _, p in tok.pieces(text)]
+        cut += len(pieces) - 1
+        assert "".join(pieces) == text
+        assert [i for ids in tok.encode_long(text) for i in ids] == tok.encode(text)
+    assert cut > 200  # the random texts were cut, many times
+
+
+def test_a_text_that_cannot_be_cut_is_refused_with_the_limit(monkeypatch):
+    import infir.data.tokenizer as tokenizer
+
+    monkeypatch.setattr(tokenizer, "PIECE_CHARS", 10)
+    monkeypatch.setattr(tokenizer, "MAX_PIECE_CHARS", 100)
+    tok = load_tokenizer(DEMO_TOKENIZER)
+    assert len(list(tok.pieces("word " * 100))) > 5
+    with pytest.raises(tokenizer.TextTooLong, match="more than 100 characters with no line break or space"):
+        list(tok.pieces("x" * 101))
+
+
+def test_a_corrupt_tokenizer_file_is_named(tmp_path):
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {')
+    with pytest.raises(ValueError, match=f"{tmp_path / 'tokenizer.json'} is not a readable HF tokenizer file"):
+        load_tokenizer(tmp_path)

@@ -176,7 +176,7 @@ def test_megatron_checkpoint_is_converted_once(monkeypatch, tiny_model_dir, tmp_
 
     ckpt = tmp_path / "ckpt"
     (ckpt / "iter_0000010").mkdir(parents=True)
-    ckpt_format.write_meta(ckpt / "iter_0000010", {"iteration": 10})
+    ckpt_format.write_meta(ckpt / "iter_0000010", {"iteration": 10, "tp": 1})
     (ckpt / ckpt_format.LATEST).write_text("iter_0000010\n")
     conversions = []
 
@@ -207,8 +207,9 @@ def test_compare_puts_runs_side_by_side(tmp_path, capsys):
     assert "| bf16 | 40.00 | 30.00 | 35.00 |" in table
     assert "| fp8 | 41.50 (+1.50) | 29.00 (-1.00) | 35.25 |" in table
     assert (tmp_path / "t.md").read_text() == table
-    with pytest.raises(FileNotFoundError, match="summary.json"):
-        main(["compare", str(tmp_path)])
+    assert main(["compare", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"infir-eval compare: error: {tmp_path}: no summary.json (is it an `infir-eval run` output directory?)\n"
 
 
 def test_wandb_gets_metrics_and_a_sample_table(monkeypatch, tiny_model_dir, tmp_path):

@@ -1,6 +1,7 @@
 """infir-compare on synthetic runs whose FP8-vs-BF16 differences are known (see conftest.py)."""
 import json
 import random
+import re
 import struct
 import time
 
@@ -80,6 +81,18 @@ def test_a_resumed_run_keeps_the_rows_it_logged_last(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 1}\n{"step": 2, "lo\n{"step": 3, "loss": 1}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
         load_run_dir(run)
+
+
+def test_runs_table_counts_steps_not_logged_rows(tmp_path):
+    from infir.report.html import runs_table
+
+    run = tmp_path / "tiny-bf16-cpt"
+    run.mkdir()
+    rows = [{"step": s, "consumed_tokens": 10 * s, "loss": 1.0} for s in range(10, 201, 10)]  # log_interval=10
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert load_run_dir(run).steps == 200
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", runs_table([load_run_dir(run)]))
+    assert cells[5] == "200"  # run, model, precision, stage, status, steps
 
 
 def test_report_page_and_plots_are_written(demo_runs, tmp_path):

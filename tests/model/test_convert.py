@@ -281,6 +281,50 @@ def test_cli_errors_name_the_problem(tmp_path, hf_dir, capsys):
     assert code == 2 and "already holds a checkpoint" in err
 
 
+def _truncate(path: Path, keep: float = 0.5) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[:int(len(data) * keep)])
+    return path
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda hf, ck: _truncate(hf / "model.safetensors"), "model.safetensors is not a readable safetensors file"),
+    (lambda hf, ck: (hf / "config.json").write_text('{"model_type": "qwen2", '), "config.json is not valid JSON"),
+    (lambda hf, ck: (hf / "config.json").write_text("[1, 2]"), "config.json holds a JSON list, not an object"),
+])
+def test_hf_to_mcore_names_a_truncated_or_corrupt_file(tmp_path, hf_dir, capsys, damage, message):
+    damage(hf_dir, None)
+    code, err = run_cli(["hf-to-mcore", "--hf", str(hf_dir), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and message in err and str(hf_dir) in err and err.count("\n") == 1, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_sharded_hf_dir_with_a_truncated_or_missing_shard_is_named(tmp_path, hf_dir, capsys):
+    hf_to_mcore(hf_dir, tmp_path / "ckpt")
+    sharded = mcore_to_hf(tmp_path / "ckpt", tmp_path / "sharded", max_shard_size="100KB")
+    first, second = sorted(sharded.glob("model-*.safetensors"))[:2]
+    _truncate(first, 0.9)
+    code, err = run_cli(["hf-to-mcore", "--hf", str(sharded), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and f"{first} is not a readable safetensors file" in err, err
+    second.unlink()
+    code, err = run_cli(["hf-to-mcore", "--hf", str(sharded), "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and f"names {second.name}, missing from {sharded}" in err, err
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda it: _truncate(it / "model_tp1.safetensors", 0.3), "model_tp1.safetensors is not a readable safetensors file"),
+    (lambda it: _truncate(it / "meta.json"), "meta.json is not valid JSON"),
+    (lambda it: (it / "meta.json").write_text('{"format": "infir-mcore-v1"}'), "meta.json has tp=None"),
+    (lambda it: (it / "meta.json").write_bytes(b"\xff\xfe"), "meta.json is not valid JSON (not UTF-8)"),
+])
+def test_mcore_to_hf_names_a_truncated_or_corrupt_file(tmp_path, hf_dir, capsys, damage, message):
+    iter_dir = hf_to_mcore(hf_dir, tmp_path / "ckpt", tp=2)
+    damage(iter_dir)
+    code, err = run_cli(["mcore-to-hf", "--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "back")], capsys)
+    assert code == 2 and message in err and str(iter_dir) in err and err.count("\n") == 1, err
+    assert not (tmp_path / "back").exists()
+
+
 def test_tied_untied_mismatch_is_refused(hf_dir):
     state = load_file(str(hf_dir / "model.safetensors"))
     with_head = {**state, "lm_head.weight": torch.randn(SMALL.vocab, SMALL.hidden)}

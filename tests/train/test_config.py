@@ -161,3 +161,119 @@ def test_compile_mode_auto_takes_cuda_graphs_for_blockwise_fp8_only(precision, r
     assert compile_mode(cfg.model.compile_mode, recipe, cfg.model.recompute, gpu) == mode
     assert compile_mode(cfg.model.compile_mode, recipe, cfg.model.recompute, cpu) == "default"  # no graphs on CPU
     assert compile_mode("default", recipe, recompute, gpu) == "default"  # an explicit mode wins
+
+
+# --------------------------------------------------------------------------- data paths, checked at config time
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A tiny pretraining dataset and a tiny SFT dataset, as `infir-prep` writes them."""
+    import json
+
+    from infir.data import DEMO_TOKENIZER
+    from infir.data.sft import prepare_sft
+    from infir.data.tokenize_corpus import tokenize_to_indexed
+
+    root = tmp_path_factory.mktemp("prepared")
+    (root / "docs.jsonl").write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(20)))
+    tokenize_to_indexed([root / "docs.jsonl"], root / "pretrain", DEMO_TOKENIZER, progress=False)
+    (root / "chat.jsonl").write_text(json.dumps({"prompt": "2+2?", "response": "4"}) + "\n")
+    prepare_sft(root / "chat.jsonl", root / "sft", DEMO_TOKENIZER, seq_length=64, progress=False)
+    return root
+
+
+def _custom(*overrides):
+    from infir.data import DEMO_TOKENIZER
+
+    return ["data=custom", f"data.tokenizer={DEMO_TOKENIZER}", *overrides]
+
+
+def _damaged(prepared, tmp_path, name: str, damage) -> str:
+    import shutil
+
+    for suffix in (".bin", ".idx"):
+        shutil.copy(prepared / f"pretrain{suffix}", tmp_path / f"pretrain{suffix}")
+    damage(tmp_path / f"pretrain{name}")
+    return str(tmp_path / "pretrain")
+
+
+def test_a_stage_needs_only_its_own_source(prepared):
+    validate(compose(_custom("stage=sft1", f"data.sources.sft1={prepared / 'sft'}")))
+    validate(compose(_custom(f"data.sources.pretrain={prepared / 'pretrain'}")))
+    blend = f"data.sources.pretrain=[0.3,{prepared / 'pretrain'},0.7,{prepared / 'pretrain'}]"
+    validate(compose(_custom(blend)))
+    with pytest.raises(ConfigError, match=r"^data.sources.sft2 is not set: stage=sft2 reads the 'sft2' source"):
+        validate(compose(_custom("stage=sft2", f"data.sources.pretrain={prepared / 'pretrain'}")))
+
+
+@pytest.mark.parametrize("name, damage, problem", [
+    (".bin", lambda p: p.unlink(), "pretrain.bin is missing"),
+    (".idx", lambda p: p.write_bytes(p.read_bytes()[:30]), "pretrain.idx is not a megatron index (truncated or corrupt)"),
+    (".idx", lambda p: p.write_bytes(p.read_bytes()[:-8]), "pretrain.idx is truncated or corrupt"),
+    (".bin", lambda p: p.write_bytes(p.read_bytes()[:-2]), "pretrain.bin holds"),
+    (".idx", lambda p: p.write_bytes(b"garbage" * 10), "pretrain.idx is not a megatron index"),
+], ids=["bin missing", "idx truncated in its header", "idx truncated", "bin truncated", "idx corrupt"])
+def test_a_missing_or_damaged_dataset_names_the_key_and_the_file(prepared, tmp_path, name, damage, problem):
+    prefix = _damaged(prepared, tmp_path, name, damage)
+    with pytest.raises(ConfigError) as e:
+        validate(compose(_custom(f"data.sources.pretrain={prefix}")))
+    message = str(e.value)
+    assert message.startswith(f"data.sources.pretrain='{prefix}' is not valid: expected an indexed-dataset prefix")
+    assert problem in message and "\n" not in message, message
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["data.sources.pretrain=/nonexistent/prefix"],
+     "data.sources.pretrain='/nonexistent/prefix' is not valid: expected an indexed-dataset prefix from `infir-prep "
+     "pretrain`, a [weight, prefix, ...] blend or a mixture file from `infir-prep mixture` (/nonexistent/prefix.bin "
+     "and /nonexistent/prefix.idx are missing)"),
+    (["data.sources.pretrain=[0.5,/nonexistent/a]"], "data.sources.pretrain=[0.5, '/nonexistent/a'] is not valid"),
+    (["data.sources.pretrain=[1,2,3]"], "data.sources.pretrain=[1, 2, 3] is not valid: expected an indexed-dataset prefix"),
+    (["data.sources.pretrain=/nonexistent/mix.yaml"], "data.sources.pretrain='/nonexistent/mix.yaml' is not valid"),
+    (["stage=sft1", "data.sources.sft1=/nonexistent/sft"], "data.sources.sft1='/nonexistent/sft' is not valid: "
+     "expected a prefix from `infir-prep sft` (/nonexistent/sft.bin and /nonexistent/sft.idx are missing)"),
+    (["data.tokenizer=/nonexistent/tok"], "data.tokenizer='/nonexistent/tok' is not valid: expected an HF tokenizer "
+     "directory holding tokenizer.json"),
+    (["stage.iters=null", "stage.epochs=1"], "stage.iters=None is not valid: expected a positive integer for a "
+     "pretraining stage"),
+], ids=["missing prefix", "missing blend prefix", "not a blend", "missing mixture", "missing sft prefix",
+        "not a tokenizer", "pretraining without iters"])
+def test_data_keys_are_checked_before_anything_is_built(prepared, overrides, message):
+    if not any(o.startswith("data.sources.") for o in overrides):
+        overrides = [*overrides, f"data.sources.pretrain={prepared / 'pretrain'}"]
+    with pytest.raises(ConfigError) as e:
+        validate(compose(_custom(*overrides)))
+    assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_valid_source_an_sft_source_without_its_masks_and_a_bad_mixture_are_named(prepared, tmp_path):
+    pretrain = prepared / "pretrain"
+    with pytest.raises(ConfigError, match=r"^data.valid='/nonexistent/v' is not valid: .*\(/nonexistent/v.bin"):
+        validate(compose(_custom(f"data.sources.pretrain={pretrain}", "data.valid=/nonexistent/v")))
+    with pytest.raises(ConfigError, match=rf"^data.sources.sft1='{pretrain}' .*\({pretrain}.lossmask.bin and"):
+        validate(compose(_custom("stage=sft1", f"data.sources.sft1={pretrain}")))
+    (tmp_path / "mix.yaml").write_text("phases: [{name: a}]\n")
+    with pytest.raises(ConfigError, match=r"mix.yaml is not a resolved mixture file \(KeyError: 'tokens'\)"):
+        validate(compose(_custom(f"data.sources.pretrain={tmp_path / 'mix.yaml'}")))
+
+
+def test_init_from_must_be_a_readable_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt" / "iter_0000000"
+    ckpt.mkdir(parents=True)
+    (ckpt / "meta.json").write_text('{"format": "infir-mcore-v1", "tp": ')
+    with pytest.raises(ConfigError, match=rf"^init_from='{ckpt}' is not valid: expected an infir checkpoint .*"
+                                          r"meta.json is not valid JSON"):
+        validate(compose([f"init_from={ckpt}"]))
+
+
+def test_cli_names_a_bad_data_path_in_one_line_without_a_traceback(tmp_path, monkeypatch, capsys):
+    from infir.train.cli import main
+
+    run_dir = tmp_path / "run"
+    monkeypatch.setattr("sys.argv", ["infir-train", *_custom("data.sources.pretrain=/nonexistent/prefix"),
+                                     f"run_dir={run_dir}"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("infir-train: data.sources.pretrain='/nonexistent/prefix' is not valid")
+    assert not run_dir.exists()
