@@ -84,19 +84,19 @@ for stage in "$@"; do
       run step_1.5b_32k_packed python3 bench/step.py --seq 32768 --mbs 1 --steps 3 --accum 2 --profile \
         --out "$OUT/step_1.5b_32k_packed.md" --cases "qwen2.5-1.5b:full:bf16+$DOCS" "qwen2.5-1.5b:full:fp8_blockwise_ue8m0+$DOCS" ;;
     table6-1.5b-tp2)
-      run table6_1.5b_32k_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
-        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_1.5b_32k_tp2.md" \
+      run step_table6_1.5b_32k_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
+        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/step_table6_1.5b_32k_tp2.md" \
         --cases qwen2.5-1.5b:full:bf16 qwen2.5-1.5b:full:fp8_blockwise_ue8m0 ;;
     table6-7b-tp2)
-      run table6_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
-        --seq 8192 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_7b_tp2.md" \
+      run step_table6_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
+        --seq 8192 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/step_table6_7b_tp2.md" \
         --cases qwen2.5-7b:full:bf16 qwen2.5-7b:full:fp8_blockwise_ue8m0 ;;
     table6-4gpu)
-      run table6_7b_32k_tp4 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp4 \
-        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_7b_32k_tp4.md" \
+      run step_table6_7b_32k_tp4 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp4 \
+        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/step_table6_7b_32k_tp4.md" \
         --cases qwen2.5-7b:full:bf16 qwen2.5-7b:full:fp8_blockwise_ue8m0
-      run table6_7b_32k_tp2cp2 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp2 \
-        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/table6_7b_32k_tp2cp2.md" \
+      run step_table6_7b_32k_tp2cp2 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp2 \
+        --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/step_table6_7b_32k_tp2cp2.md" \
         --cases qwen2.5-7b:full:bf16+parallel.cp=2 qwen2.5-7b:full:fp8_blockwise_ue8m0+parallel.cp=2 ;;
     step-1.5b)
       run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \

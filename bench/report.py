@@ -117,8 +117,8 @@ def step_rows(runs: list[Run]) -> dict[tuple, tuple[Run, dict]]:
             continue
         for row in run.rows("step_ms"):
             if is_number(row.get("step_ms")):
-                key = (row["model"], parallel(run), run.env.get("device", "?"), row["seq"], row["recompute"],
-                       row["precision"])
+                key = (row["model"], (parallel(run), world_size(run)), run.env.get("device", "?"), row["seq"],
+                       row["recompute"], row["precision"])
                 newest[key] = (run, row)
     return newest
 
@@ -132,8 +132,8 @@ def same_run(run: Run, column: str, row: dict, **match) -> dict:
     return {}
 
 
-STEP_COLUMNS = ["seq", "recompute", "precision", "step ms", "tokens/s", "TFLOP/s per GPU", "MFU", "vs BF16",
-                "% of ceiling", "memory vs BF16", "peak GiB", "run"]
+STEP_COLUMNS = ["seq", "recompute", "precision", "step ms", "tokens/s", "TFLOP/s per GPU", "Megatron-LM count",
+                "MFU", "vs BF16", "% of ceiling", "memory vs BF16", "peak GiB", "run"]
 
 
 def step_table(entries: list[tuple[Run, dict]], label) -> list[str]:
@@ -142,7 +142,7 @@ def step_table(entries: list[tuple[Run, dict]], label) -> list[str]:
         ratio = same_run(run, "speedup vs bf16", row, precision=row["precision"])
         mfu = row.get("MFU(spec)")
         rows.append([row["seq"], row["recompute"], row["precision"], row["step_ms"], row.get("tokens/s"),
-                     row.get("TFLOP/s"), f"{100 * mfu:.1f}%" if is_number(mfu) else None,
+                     row.get("TFLOP/s"), row.get("TFLOP/s (Megatron-LM count)"), f"{100 * mfu:.1f}%" if is_number(mfu) else None,
                      ratio.get("speedup vs bf16"), ratio.get("% of ceiling"), ratio.get("memory vs bf16"),
                      row.get("peak_mem_GiB"), label(run)])
     return table(STEP_COLUMNS, rows)
@@ -182,16 +182,19 @@ def step_section(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]]
     out = ["## Training step (bench/step.py)", "",
            "Each row comes from the newest run that measured it (its `run`, listed below the tables), so rows of "
            "one table may come from different commits and machines. The `vs BF16`, `% of ceiling` and `memory vs "
-           "BF16` columns, and the peer ratios, compare two cases of that one run.", ""]
+           "BF16` columns, and the peer ratios, compare two cases of that one run. `Megatron-LM count` is the same "
+           "throughput in TFLOP/s per GPU as Megatron-LM counts FLOPs (its `num_floating_point_operations`: the whole "
+           "[s, s] score square), the count of Megatron-based reports such as InfiR2's Table 6.", ""]
     for group in sorted({k[:3] for k in newest}):
         keys = sorted((k for k in newest if k[:3] == group), key=precision_order)
         entries = [newest[k] for k in keys]
-        model, par, device = group
-        ranks = world_size(entries[0][0])
+        model, (par, ranks), device = group
         where = "one GPU" if ranks == 1 else f"{par}, {ranks} GPUs"
         out += [f"### {model}, {where}, {device}", "", *step_table(entries, label), *peer_table(entries, label), ""]
     out += ["Runs (each row's `run`):", ""]
-    out += [f"- **{labels[id(r)]}** {run_line(r, page_dir)}" for r in shown]
+    for r in shown:
+        out.append(f"- **{labels[id(r)]}** {run_line(r, page_dir)}")
+        out += [f"  - {note}" for note in r.notes if note.startswith("caveat: ")]
     return out + [""], shown
 
 

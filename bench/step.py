@@ -386,6 +386,9 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     name = precision.partition("+")[0]
     cfg = bench_config(model, seq, mbs, accum, recompute, precision, steps + 100, parallel,
                        f"/tmp/bench_step/{model}-{name}-{seq}-{recompute}")
+    # A torn-down FP8 trainer can leave memory allocated on the GPU: memory is reported net of what an
+    # earlier case left, so each row's figures are its own.
+    held = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(cfg)
     tp = cfg.parallel.tp
@@ -402,6 +405,10 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     tflops = row["TFLOP/s"]
     row["TFLOP/s (Megatron-LM count)"] = tflops * megatron_lm_flops_per_token(trainer.size, seq) / trainer.flops_per_token
     row.update(memory_split(trainer))
+    for key in ("peak_mem_GiB", "static_GiB", "mb_peak_GiB"):
+        row[key] -= held / 2**30
+    if held > 2**28:
+        row["held_before_GiB"] = held / 2**30
     ceiling = gemm_ceiling(trainer.size, tokens, tp)
     row["GEMM_ceiling_TFLOP/s"] = ceiling
     row["MFU(ceiling)"] = tflops / ceiling
