@@ -5,8 +5,8 @@
     python launch/parallel_check.py --out outputs/parallel_check --md BENCH_parallel.md -- model=qwen2.5-0.5b ...
 
 Layouts: `single` (1 rank), `tp2` (2 ranks, parallel=tp2: tensor + sequence parallel), `dp2` (2 ranks,
-parallel=single: data parallel). Every layout sees the same global batch, so the loss curves must agree
-up to reduction order (bf16: ~1e-2 relative; fp32: ~1e-5). The table gives per layout: steps compared,
+parallel=single: data parallel), `cp2` (2 ranks, parallel.cp=2: context parallel). Every layout sees the
+same global batch, so the loss curves must agree up to reduction order (bf16: ~1e-2 relative; fp32: ~1e-5). The table gives per layout: steps compared,
 max relative loss difference vs single, final loss, median tokens/s after warm-up and ratio vs single,
 peak memory; headed by device, versions, the exact command and the date: what a reader needs to
 compare the figures with other runs and to reproduce them.
@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LAYOUTS = {"single": (1, "parallel=single"), "tp2": (2, "parallel=tp2"), "dp2": (2, "parallel=single")}
+LAYOUTS = {"single": (1, ["parallel=single"]), "tp2": (2, ["parallel=tp2"]), "dp2": (2, ["parallel=single"]),
+           "cp2": (2, ["parallel=single", "parallel.cp=2"])}
 WARMUP_FRACTION = 0.1
 
 
@@ -95,7 +96,7 @@ def run_layout(name: str, out: Path, overrides: list[str]) -> Path:
     if summary.is_file() and json.loads(summary.read_text()).get("status") == "finished":
         return run_dir
     env = {**os.environ, "NPROC_PER_NODE": str(nproc), "INFIR_LOG_DIR": str(run_dir / "logs")}
-    subprocess.run(["bash", str(HERE / "torchrun.sh"), parallel, *overrides, f"run_dir={run_dir}"], env=env, check=True)
+    subprocess.run(["bash", str(HERE / "torchrun.sh"), *parallel, *overrides, f"run_dir={run_dir}"], env=env, check=True)
     return run_dir
 
 
