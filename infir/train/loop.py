@@ -154,6 +154,7 @@ class Trainer:
         self.peak = peak_tflops(self.device)
 
         self.step, self.skipped = self._start()
+        self.skips_in_a_row = 0  # steps skipped since the last good one (train.max_skips); not carried across launches
         self._stop_signal = None
 
     def _start(self) -> tuple[int, int]:
@@ -352,6 +353,7 @@ class Trainer:
             if not out["finite"]:
                 self._handle_non_finite(out)
                 continue
+            self.skips_in_a_row = 0
             self.step += 1
             self.gc.after_step(self.step)
             launch_steps += 1
@@ -371,6 +373,8 @@ class Trainer:
                 return last
             if not window.steps:  # validation and checkpoints stay out of the next window's time
                 window.restart()
+        if self._saved_at() != self.step:  # the last steps were skipped, and no save follows a skipped step
+            self.save()
         self._summary("finished", **last, **self._final_rates())
         self.log.plot()
         self.log.finish()
@@ -431,23 +435,37 @@ class Trainer:
         return {k: rates.get(k) for k in ("tokens_per_s", "tflops", "mfu", "peak_mem_gib")}
 
     def _handle_non_finite(self, out: dict) -> None:
-        what = f"step {self.step + 1}: loss={out['loss']}, grad norm={out['grad_norm']}"
-        if self.cfg.train.on_nan == "skip" and self.skipped < self.cfg.train.max_skips:
+        tr = self.cfg.train
+        what = f"non-finite step {self.step + 1}: loss={out['loss']}, grad norm={out['grad_norm']}"
+        if tr.on_nan == "skip" and self.skips_in_a_row < tr.max_skips:
             self.skipped += 1
             self.step += 1  # the step's data is consumed; the weights did not change
-            self.log.console(f"WARNING non-finite {what}: step skipped ({self.skipped}/{self.cfg.train.max_skips} allowed)")
-            self.log.log({"step": self.step, "skipped_steps": self.skipped})
+            self._count_skip(f"WARNING {what}: step skipped")
             return
-        # The weights are still those of the last good step: keep them, then stop.
+        tries = ["lower stage.lr", "check the data"]
+        if self.recipe.fp8:
+            tries.append("try precision=bf16 to rule out FP8 overflow")
+        if tr.on_nan == "skip":
+            what += f", with train.max_skips={tr.max_skips} steps skipped in a row already"
+            tries.append("raise train.max_skips")
+        else:
+            tries.append("set train.on_nan=skip to skip such steps")
+        self._stop(NonFiniteError, what, tries)
+
+    def _count_skip(self, line: str) -> None:
+        self.skips_in_a_row += 1
+        self.log.console(f"{line} ({self.skips_in_a_row} in a row, train.max_skips={self.cfg.train.max_skips}; "
+                         f"{self.skipped} skipped in all)")
+        self.log.log({"step": self.step, "skipped_steps": self.skipped})
+
+    def _stop(self, error: type, what: str, tries: list[str]) -> None:
+        """Keep the weights of the last good step, then raise `error`: what happened and what to try."""
         if self._saved_at() != self.step and self.step > 0:
             self.save()
-        self._summary("failed", error=f"non-finite {what}")
+        self._summary("failed", error=what)
         self.log.plot()
-        raise NonFiniteError(
-            f"non-finite {what}. The weights of step {self.step} are saved in {self.ckpt_root}. "
-            "Lower stage.lr, check the data, try precision=bf16 to rule out FP8 overflow, "
-            "or set train.on_nan=skip to skip such steps."
-        )
+        advice = ", ".join(tries[:-1]) + f", or {tries[-1]}"
+        raise error(f"{what}. The weights of step {self.step} are saved in {self.ckpt_root}. {advice[0].upper()}{advice[1:]}.")
 
 
 class _Window:

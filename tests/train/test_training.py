@@ -158,7 +158,8 @@ def test_non_finite_loss_stops_clearly_and_keeps_checkpoints(demo_root, tmp_path
         check=False,
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "non-finite" in proc.stderr and "train.on_nan=skip" in proc.stderr
+    advice = "or set train.on_nan=skip to skip such steps." if mode == "stop" else "or raise train.max_skips."
+    assert "non-finite" in proc.stderr and advice in proc.stderr
     s = summary(run_dir)
     assert s["status"] == "failed" and "non-finite" in s["error"]
     latest = ckpt_format.resolve(run_dir / "checkpoints")

@@ -1,0 +1,85 @@
+"""Steps the loop does not apply: non-finite ones (train.on_nan, train.max_skips). Trainers run in this
+process on a small demo batch, with the bad steps injected by replacing the trainer's gradient norm at
+chosen steps: what an FP8 overflow reports."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from infir.train.cli import compose
+from infir.train.loop import NonFiniteError, Trainer
+
+SMALL = ["logger=none", "precision=fp32", "train.log_interval=1", "train.eval_interval=0",
+         "stage.seq_length=64", "stage.global_batch=2", "stage.micro_batch=2", "train.save_interval=100"]
+
+
+@pytest.fixture
+def make_trainer(demo_root, tmp_path):
+    from infir.train import dist as distributed
+
+    made = []
+
+    def make(*overrides: str) -> Trainer:
+        made.append(Trainer(compose([*SMALL, f"data.root={demo_root}", f"run_dir={tmp_path / 'run'}", *overrides])))
+        return made[-1]
+
+    yield make
+    for trainer in made:
+        trainer.log.finish()
+    distributed.shutdown()
+
+
+def bad_norm_at(trainer: Trainer, steps: set[int], value: float) -> None:
+    """The trainer's gradient norm reads `value` at these steps (1-based), its own at the others."""
+    real = trainer._grad_norm
+
+    def grad_norm():
+        norm = real()
+        return value if trainer.step + 1 in steps else norm
+
+    trainer._grad_norm = grad_norm
+
+
+def skipped_logged(trainer: Trainer) -> list[int]:
+    rows = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["skipped_steps"] for r in rows if "skipped_steps" in r]
+
+
+def test_max_skips_counts_skips_in_a_row_and_the_total_is_logged(make_trainer, capsys):
+    trainer = make_trainer("stage.iters=8", "train.on_nan=skip", "train.max_skips=2")
+    bad_norm_at(trainer, {2, 4, 6, 7}, math.nan)
+    trainer.train()
+    assert (trainer.step, trainer.skipped) == (8, 4)
+    assert json.loads((trainer.run_dir / "summary.json").read_text())["status"] == "finished"
+    assert skipped_logged(trainer) == [1, 2, 3, 4]
+    out = capsys.readouterr().out
+    assert out.count("step skipped (1 in a row") == 3 and "(2 in a row, train.max_skips=2; 4 skipped in all)" in out
+
+
+def test_skips_in_a_row_start_afresh_in_a_resumed_run(make_trainer):
+    first = make_trainer("stage.iters=8", "train.on_nan=skip", "train.max_skips=2", "train.exit_after=2")
+    bad_norm_at(first, {2}, math.nan)
+    first.train()
+    assert (first.step, first.skipped) == (3, 1)
+    resumed = make_trainer("stage.iters=8", "train.on_nan=skip", "train.max_skips=2")
+    bad_norm_at(resumed, {4, 5}, math.nan)
+    resumed.train()
+    assert (resumed.step, resumed.skipped) == (8, 3), "the total goes on; the limit counts only skips in a row"
+
+
+@pytest.mark.parametrize("on_nan", ["stop", "skip"])
+def test_the_stop_message_advises_only_what_is_not_set(make_trainer, on_nan):
+    trainer = make_trainer("stage.iters=8", f"train.on_nan={on_nan}", "train.max_skips=1")
+    bad_norm_at(trainer, {3, 4}, math.inf)
+    with pytest.raises(NonFiniteError) as stop:
+        trainer.train()
+    message = str(stop.value)
+    assert "precision=bf16" not in message, "fp32 has no FP8 overflow to rule out"
+    if on_nan == "stop":
+        assert message.startswith("non-finite step 3:") and message.endswith("or set train.on_nan=skip to skip such steps.")
+    else:
+        assert message.startswith("non-finite step 4:") and "train.max_skips=1 steps skipped in a row already" in message
+        assert "train.on_nan" not in message and message.endswith("or raise train.max_skips.")
+    assert "Lower stage.lr, check the data, or" in message
