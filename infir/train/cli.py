@@ -71,6 +71,10 @@ def run(cfg) -> dict:
     except NonFiniteError as e:
         print(f"infir-train: {e}", file=sys.stderr, flush=True)
         raise SystemExit(3)
+    except KeyboardInterrupt:  # Ctrl-C before the loop's handler is in place, or a second one
+        print("infir-train: stopped by Ctrl-C, without a checkpoint of this step; rerun the same command to resume "
+              "from the last one", file=sys.stderr, flush=True)
+        raise SystemExit(130)
     except CheckpointWriteError as e:
         print(f"infir-train: {e}", file=sys.stderr, flush=True)
         raise SystemExit(4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -175,7 +176,12 @@ class Trainer:
         return 0, 0
 
     def _on_signal(self, signum, frame):
+        if signum == signal.SIGINT and self._stop_signal is not None:
+            signal.default_int_handler(signum, frame)  # Ctrl-C while already stopping: stop now, without saving
         self._stop_signal = signal.Signals(signum).name
+        if signum == signal.SIGINT and self.info.is_main:
+            # os.write, not print: a handler that prints while the loop prints raises a reentrant-call error
+            os.write(2, b"infir-train: Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again: stop at once, unsaved)\n")
 
     # ------------------------------------------------------------------ one step
     def lr(self, step: int) -> float:
@@ -325,13 +331,16 @@ class Trainer:
         })
 
     def train(self) -> dict:
-        """Steps to stage end, or until SIGTERM/SIGUSR1 (a scheduler's preemption notice) asks to save and stop.
+        """Steps to stage end, or until SIGTERM/SIGUSR1 (a scheduler's preemption notice) or Ctrl-C asks to
+        save and stop; a second Ctrl-C raises KeyboardInterrupt at once.
 
         The handlers live only while the loop runs: a process that keeps the trainer around (a bench,
         a notebook) keeps its own handlers, and the handler's bound method does not pin the trainer
         (its model, optimizer states) in memory once it is dropped.
         """
-        stops = (signal.SIGTERM, signal.SIGUSR1)
+        stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+        # A SIGINT the process ignores (a shell's background job) stays ignored, as Python leaves it.
+        stops = [sig for sig in stops if sig != signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN]
         previous = {sig: signal.signal(sig, self._on_signal) for sig in stops}
         try:
             with self.gc:
