@@ -150,7 +150,7 @@ class ParallelConfig:
 @dataclass
 class LoggerConfig:
     name: str = MISSING
-    wandb: str = "offline"           # disabled | offline | online ($WANDB_MODE wins)
+    wandb: str = "offline"           # disabled | offline | online ($WANDB_MODE wins over the last two)
     project: str = "infir"
 
     def __post_init__(self):
