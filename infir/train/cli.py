@@ -68,6 +68,9 @@ def run(cfg) -> dict:
     try:
         trainer = Trainer(cfg)
         return trainer.train()
+    except validation.ConfigError as e:  # found only once the run dir is read (a resume that reorders the data)
+        print(f"infir-train: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
     except NonFiniteError as e:
         print(f"infir-train: {e}", file=sys.stderr, flush=True)
         raise SystemExit(3)

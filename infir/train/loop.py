@@ -26,6 +26,7 @@ from infir.train import checkpoint, data, dist as distributed
 from infir.train.flops import flops_per_token, peak_tflops
 from infir.train.gc_control import StepGC
 from infir.train import precision
+from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
 from infir.train.schedule import lr_at, resolve_warmup
 
@@ -117,6 +118,27 @@ def run_length(stage, train_samples: int) -> int:
     return max(1, int(stage.epochs * train_samples) // stage.global_batch)
 
 
+def data_order_change(cfg, ckpt_root: Path) -> str | None:
+    """Whether resuming ckpt_root's last checkpoint under `cfg` reads the training data in another
+    order than the run so far (data.order_keys differ): a ConfigError naming the keys, or with
+    train.allow_data_order_change=true a warning to print; None when the order is the same."""
+    from infir.model import ckpt_format
+
+    resume = checkpoint.find_resume(ckpt_root)
+    meta = ckpt_format.read_meta(resume) if resume is not None else {}
+    saved, now = meta.get("data_order", {}), data.order_keys(cfg)
+    changed = [k for k in now if k in saved and saved[k] != now[k]]
+    if not changed:
+        return None
+    ours = " ".join(f"{k}={now[k]}" for k in changed)
+    theirs = " ".join(f"{k}={saved[k]}" for k in changed)
+    change = (f"{ours} differs from {theirs} of checkpoint {resume}: resuming reads the training data in another "
+              f"order from step {meta['iteration']} on")
+    if not cfg.train.allow_data_order_change:
+        raise ConfigError(f"{change}; resume with {theirs}, or set train.allow_data_order_change=true to accept that")
+    return f"WARNING {change} (train.allow_data_order_change=true)"
+
+
 class Trainer:
     def __init__(self, cfg):
         from infir.optim import optimizer_spec
@@ -131,7 +153,10 @@ class Trainer:
         self.accum = grad_accumulation(st, info)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
+        order_warning = data_order_change(cfg, self.ckpt_root)  # refused before anything of the run is rewritten
         self.log = RunLogger(cfg, self.run_dir, enabled=info.is_main)
+        if order_warning:
+            self.log.console(order_warning)
         if info.is_main:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
@@ -302,6 +327,7 @@ class Trainer:
             "precision": self.cfg.precision.name,
             "stage": self.cfg.stage.name,
             "run_name": self.cfg.run_name,
+            "data_order": data.order_keys(self.cfg),
         }
         try:
             path = checkpoint.save(

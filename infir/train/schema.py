@@ -169,6 +169,7 @@ class TrainConfig:
     fp8_health_interval: int = 100   # 0: off
     exit_after: Optional[int] = None
     gc_interval: Optional[int] = None  # null: Python's automatic garbage collector
+    allow_data_order_change: bool = False  # resume even where the config reads the data in another order
 
     def __post_init__(self):
         _one_of("train.on_nan", self.on_nan, ("stop", "skip"))

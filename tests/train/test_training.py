@@ -156,6 +156,34 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(demo_root, tmp_path, capfd
         distributed.shutdown()
 
 
+def test_resuming_with_another_data_order_is_refused_unless_allowed(demo_root, tmp_path, capsys):
+    """stage.iters sizes the pretraining data megatron draws: a resume with another value reads other samples
+    from the resumed step on. Refused, naming both values, before the run dir is touched; allowed, it warns."""
+    from infir.train import dist as distributed
+    from infir.train.cli import compose, run
+    from infir.train.loop import Trainer
+
+    first = demo(demo_root, tmp_path, *SMALL, "stage.iters=4", "train.save_interval=2", "train.exit_after=2")
+    try:
+        Trainer(compose(first)).train()
+        config = (tmp_path / "config.yaml").read_text()
+        with pytest.raises(SystemExit) as refused:
+            run(compose(demo(demo_root, tmp_path, *SMALL, "stage.iters=6")))
+        err = capsys.readouterr().err.strip()
+        assert refused.value.code == 2 and len(err.splitlines()) == 1
+        assert err == (f"infir-train: stage.iters=6 differs from stage.iters=4 of checkpoint {tmp_path}/checkpoints/"
+                       "iter_0000002: resuming reads the training data in another order from step 2 on; resume with "
+                       "stage.iters=4, or set train.allow_data_order_change=true to accept that")
+        assert (tmp_path / "config.yaml").read_text() == config, "the refused run must not rewrite the run's config"
+        allowed = Trainer(compose(demo(demo_root, tmp_path, *SMALL, "stage.iters=6", "train.allow_data_order_change=true")))
+        out = capsys.readouterr().out
+        assert "WARNING stage.iters=6 differs from stage.iters=4" in out and "(train.allow_data_order_change=true)" in out
+        assert allowed.step == 2
+        allowed.log.finish()
+    finally:
+        distributed.shutdown()
+
+
 @pytest.mark.parametrize("error, code", [("KeyboardInterrupt", 130)])
 def test_the_cli_ends_a_stopped_run_in_one_line(demo_root, tmp_path, monkeypatch, capsys, error, code):
     """Ctrl-C while the trainer is built (before the loop's handler): one line, no traceback."""
@@ -179,7 +207,7 @@ def test_the_cli_ends_a_stopped_run_in_one_line(demo_root, tmp_path, monkeypatch
 def test_crash_during_save_keeps_the_last_complete_checkpoint(demo_root, tmp_path):
     """A save that dies half-way leaves `latest` on the previous checkpoint, and the run resumes from it."""
     run_dir = tmp_path / "run"
-    run_train(demo(demo_root, run_dir, "stage.iters=4", "train.save_interval=2"))
+    run_train(demo(demo_root, run_dir, "stage.iters=6", "train.save_interval=2", "train.exit_after=4"))
     ckpts = run_dir / "checkpoints"
     # What a crash mid-save leaves: a half-written next iteration directory, never committed.
     half = ckpts / "iter_0000006.tmp"
@@ -200,7 +228,7 @@ def test_failed_checkpoint_write_names_the_disk_and_keeps_the_last_checkpoint(de
     directory is gone, and a rerun resumes from the last one."""
     run_dir = tmp_path / "run"
     args = demo(demo_root, run_dir, "train.save_interval=2", *(["parallel=tp2"] if nproc == 2 else []))
-    run_train([*args, "stage.iters=2"], nproc=nproc)
+    run_train([*args, "stage.iters=4", "train.exit_after=2"], nproc=nproc)
 
     shards = {f.name: f.stat().st_size for f in (run_dir / "checkpoints" / "iter_0000002").iterdir()}
     cap = (shards["model_tp0.safetensors"] + shards["train_tp0.pt"]) // 2
