@@ -29,6 +29,7 @@ from infir.train import precision
 from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
 from infir.train.schedule import lr_at, resolve_warmup
+from infir.train.spike import SpikePolicy
 
 
 def _on_gpu(choice, device: torch.device) -> bool:
@@ -49,6 +50,10 @@ def compile_mode(choice: str, recipe, recompute: str, device: torch.device) -> s
 
 class NonFiniteError(RuntimeError):
     """A NaN/Inf loss or gradient norm stopped the run (the last good checkpoint is kept)."""
+
+
+class SpikeError(RuntimeError):
+    """train.max_skips gradient-norm spikes in a row stopped the run (the last good checkpoint is kept)."""
 
 
 def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
@@ -179,6 +184,8 @@ class Trainer:
         self.flops_per_token = flops_per_token(self.size, st.seq_length)
         self.peak = peak_tflops(self.device)
 
+        sp = cfg.train.spike
+        self.spike = SpikePolicy(sp.action, sp.factor, sp.window)
         self.step, self.skipped = self._start()
         self.skips_in_a_row = 0  # steps skipped since the last good one (train.max_skips); not carried across launches
         self._stop_signal = None
@@ -188,8 +195,7 @@ class Trainer:
         init_from (the weights of an earlier stage)."""
         resume = checkpoint.find_resume(self.ckpt_root)
         if resume is not None:
-            checkpoint.load_weights(resume, self.model.module, self.info)
-            state = checkpoint.load_trainer(resume, self.optimizer, self.info)
+            state = self._load(resume)
             self.log.console(f"resumed from {resume} at step {state['step']}")
             return state["step"], state.get("skipped", 0)
         if self.cfg.init_from:
@@ -199,6 +205,13 @@ class Trainer:
             checkpoint.load_weights(src, self.model.module, self.info)
             self.log.console(f"initialised weights from {src}")
         return 0, 0
+
+    def _load(self, resume: Path) -> dict:
+        """Weights, optimizer, RNG and spike-window state of checkpoint `resume`; its trainer state."""
+        checkpoint.load_weights(resume, self.model.module, self.info)
+        state = checkpoint.load_trainer(resume, self.optimizer, self.info)
+        self.spike.load_state_dict(state.get("spike"))
+        return state
 
     def _on_signal(self, signum, frame):
         if signum == signal.SIGINT and self._stop_signal is not None:
@@ -235,9 +248,10 @@ class Trainer:
         loss = self._forward_backward(self._micro_batches(step))
         grad_norm = self._grad_norm()
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        if finite:
+        spike = finite and self.spike.is_spike(grad_norm)
+        if finite and not spike:
             self._optimizer_step(step, grad_norm)
-        return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": self.lr(step)}
+        return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "spike": spike, "lr": self.lr(step)}
 
     def _forward_backward(self, micro_batches: list[dict]) -> float:
         """Gradients of the global batch's token-mean loss in DDP's `main_grad`, reduced over DP; the loss."""
@@ -332,7 +346,7 @@ class Trainer:
         try:
             path = checkpoint.save(
                 self.ckpt_root, self.step, model=self.model.module, optimizer=self.optimizer,
-                trainer_state={"step": self.step, "skipped": self.skipped}, meta=meta, info=self.info,
+                trainer_state={"step": self.step, "skipped": self.skipped, "spike": self.spike.state_dict()}, meta=meta, info=self.info,
                 keep_last=self.cfg.train.keep_last,
             )
         except checkpoint.CheckpointWriteError as e:
@@ -387,6 +401,9 @@ class Trainer:
             out = self._monitored_step()
             if not out["finite"]:
                 self._handle_non_finite(out)
+                continue
+            if out["spike"]:
+                self._handle_spike(out)
                 continue
             self.skips_in_a_row = 0
             self.step += 1
@@ -486,6 +503,27 @@ class Trainer:
         else:
             tries.append("set train.on_nan=skip to skip such steps")
         self._stop(NonFiniteError, what, tries)
+
+    def _handle_spike(self, out: dict) -> None:
+        """train.spike's action on a step whose grad norm spiked (the optimizer did not step)."""
+        sp, max_skips = self.cfg.train.spike, self.cfg.train.max_skips
+        what = (f"grad-norm spike at step {self.step + 1}: {out['grad_norm']:.4g} > {sp.factor:g} x {self.spike.median():.4g}, "
+                f"the median of the last {sp.window} steps")
+        if self.skips_in_a_row >= max_skips:
+            what += f", with train.max_skips={max_skips} steps skipped in a row already"
+            self._stop(SpikeError, what, ["lower stage.lr", "check the data", "raise train.spike.factor or train.max_skips"])
+        resume = checkpoint.find_resume(self.ckpt_root) if sp.action == "rollback" else None
+        if resume is None:  # skip, or a rollback before the first checkpoint
+            self.skipped += 1
+            self.step += 1
+            self._count_skip(f"WARNING {what}: step skipped")
+            return
+        state = self._load(resume)
+        # Every step since the checkpoint is undone: its data stays unread, as the spike's own.
+        self.skipped = state.get("skipped", 0) + self.step + 1 - state["step"]
+        self.step += 1
+        span = f"step {self.step}" if state["step"] + 1 == self.step else f"steps {state['step'] + 1}-{self.step}"
+        self._count_skip(f"WARNING {what}: rolled back to {resume} (step {state['step']}), the data of {span} skipped")
 
     def _count_skip(self, line: str) -> None:
         self.skips_in_a_row += 1

@@ -184,14 +184,14 @@ def test_resuming_with_another_data_order_is_refused_unless_allowed(demo_root, t
         distributed.shutdown()
 
 
-@pytest.mark.parametrize("error, code", [("KeyboardInterrupt", 130)])
+@pytest.mark.parametrize("error, code", [("KeyboardInterrupt", 130), ("SpikeError", 3)])
 def test_the_cli_ends_a_stopped_run_in_one_line(demo_root, tmp_path, monkeypatch, capsys, error, code):
-    """Ctrl-C while the trainer is built (before the loop's handler): one line, no traceback."""
+    """Ctrl-C while the trainer is built (before the loop's handler) or a spike stop: one line, no traceback."""
     from infir.train import cli, loop
 
     class Stopped:
         def __init__(self, cfg):
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt if error == "KeyboardInterrupt" else loop.SpikeError("grad-norm spike at step 3")
 
     monkeypatch.setattr(loop, "Trainer", Stopped)
     try:
