@@ -69,6 +69,7 @@ def train_one(args, recipe: str, seed: int) -> None:
         f"stage.global_batch={args.global_batch}", f"stage.micro_batch={args.micro_batch}", f"stage.lr={args.lr}",
         f"stage.min_lr={args.lr / 10}", "stage.schedule=cosine", f"stage.warmup_iters={max(args.steps // 20, 1)}",
         "train.log_interval=1", f"train.eval_interval={args.steps}", f"train.save_interval={args.steps}",
+        "train.eval_iters=20",  # the validation size of the recorded parity runs (the demo scale's is 4)
         "train.fp8_health_interval=0",
     ])
     t0 = time.time()

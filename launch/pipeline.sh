@@ -5,12 +5,13 @@
 # the same run dir and infir-train resumes it from its last checkpoint; eval is skipped once its
 # summary.json exists.
 #
-#   launch/pipeline.sh                                   # the demo: tiny model, bf16, CPU, a few minutes
+#   launch/pipeline.sh                                   # the demo: tiny model, bf16 and fp8_blockwise_ue8m0, CPU, minutes
 #   launch/pipeline.sh --precision bf16,fp8_blockwise_ue8m0 --model qwen2.5-1.5b --scale full --nproc 8 \
 #       --eval-preset reference -- parallel=tp2
 #
 # Options:
-#   --precision LIST   comma-separated conf/precision options, each a full pipeline (default: bf16)
+#   --precision LIST   comma-separated conf/precision options, each a full pipeline (default: bf16,fp8_blockwise_ue8m0;
+#                      the report compares each with bf16)
 #   --model NAME       conf/model option (default: tiny)
 #   --scale NAME       conf/scale option: demo (2-core sizes) or full (the paper's) (default: demo)
 #   --out DIR          where the runs go: DIR/<model>-<precision>/{cpt,sft1,sft2,eval}, DIR/report (default: outputs/pipeline)
@@ -18,11 +19,14 @@
 #   --eval-preset NAME conf/eval option for the eval stage (default: demo)
 #   -- OVERRIDES...    passed to every infir-train stage (e.g. parallel=tp2 train.log_interval=1)
 # Environment: INFIR_TRAIN / INFIR_EVAL / INFIR_COMPARE replace the commands (default infir-train,
-# infir-eval, infir-compare); with --nproc > 1 the launch/lib.sh settings apply.
+# infir-eval, infir-compare); with --nproc > 1 the launch/lib.sh settings apply. OMP_WAIT_POLICY defaults
+# to PASSIVE: torch's OpenMP threads then sleep instead of spinning while they wait; on CPU cores that
+# other jobs share, a spinning thread holds the core the thread it waits for needs.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 
-precisions="bf16" model="tiny" scale="demo" out="outputs/pipeline" nproc=1 eval_preset="demo"
+precisions="bf16,fp8_blockwise_ue8m0" model="tiny" scale="demo" out="outputs/pipeline" nproc=1 eval_preset="demo"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --precision) precisions="$2"; shift 2 ;;

@@ -61,16 +61,23 @@ def run(cfg) -> dict:
     from infir.train import config as validation
     from infir.train import dist as distributed
     from infir.train.checkpoint import CheckpointWriteError
-    from infir.train.loop import NonFiniteError, Trainer
+    from infir.train.loop import NonFiniteError, SpikeError, Trainer
 
     _exit_on_bad_config(lambda: validation.validate(cfg))
     trainer = None
     try:
         trainer = Trainer(cfg)
         return trainer.train()
-    except NonFiniteError as e:
+    except validation.ConfigError as e:  # found only once the run dir is read (a resume that reorders the data)
+        print(f"infir-train: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    except (NonFiniteError, SpikeError) as e:
         print(f"infir-train: {e}", file=sys.stderr, flush=True)
         raise SystemExit(3)
+    except KeyboardInterrupt:  # Ctrl-C before the loop's handler is in place, or a second one
+        print("infir-train: stopped by Ctrl-C, without a checkpoint of this step; rerun the same command to resume "
+              "from the last one", file=sys.stderr, flush=True)
+        raise SystemExit(130)
     except CheckpointWriteError as e:
         print(f"infir-train: {e}", file=sys.stderr, flush=True)
         raise SystemExit(4)

@@ -51,6 +51,16 @@ def _blend(src):
     return OmegaConf.to_container(src) if OmegaConf.is_config(src) else src
 
 
+def order_keys(cfg) -> dict:
+    """The config values the order of the training samples depends on, by key: the seed of the
+    permutation, the global batch (step s reads samples s x global_batch on), and for pretraining
+    stage.iters (megatron draws stage.iters x global_batch sequences: the blend's and the phases' sizes)."""
+    keys = {"seed": cfg.seed, "stage.global_batch": cfg.stage.global_batch}
+    if cfg.stage.dataset == "pretrain" and cfg.data.name != "synthetic":
+        keys["stage.iters"] = cfg.stage.iters
+    return keys
+
+
 def build_data(cfg, info, vocab: int):
     """(train dataset, validation dataset or None) for this stage.
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -25,8 +26,10 @@ from infir.train import checkpoint, data, dist as distributed
 from infir.train.flops import flops_per_token, peak_tflops
 from infir.train.gc_control import StepGC
 from infir.train import precision
+from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
 from infir.train.schedule import lr_at, resolve_warmup
+from infir.train.spike import SpikePolicy
 
 
 def _on_gpu(choice, device: torch.device) -> bool:
@@ -47,6 +50,10 @@ def compile_mode(choice: str, recipe, recompute: str, device: torch.device) -> s
 
 class NonFiniteError(RuntimeError):
     """A NaN/Inf loss or gradient norm stopped the run (the last good checkpoint is kept)."""
+
+
+class SpikeError(RuntimeError):
+    """train.max_skips gradient-norm spikes in a row stopped the run (the last good checkpoint is kept)."""
 
 
 def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
@@ -118,6 +125,27 @@ def run_length(stage, train_samples: int) -> int:
     return max(1, int(stage.epochs * train_samples) // stage.global_batch)
 
 
+def data_order_change(cfg, ckpt_root: Path) -> str | None:
+    """Whether resuming ckpt_root's last checkpoint under `cfg` reads the training data in another
+    order than the run so far (data.order_keys differ): a ConfigError naming the keys, or with
+    train.allow_data_order_change=true a warning to print; None when the order is the same."""
+    from infir.model import ckpt_format
+
+    resume = checkpoint.find_resume(ckpt_root)
+    meta = ckpt_format.read_meta(resume) if resume is not None else {}
+    saved, now = meta.get("data_order", {}), data.order_keys(cfg)
+    changed = [k for k in now if k in saved and saved[k] != now[k]]
+    if not changed:
+        return None
+    ours = " ".join(f"{k}={now[k]}" for k in changed)
+    theirs = " ".join(f"{k}={saved[k]}" for k in changed)
+    change = (f"{ours} differs from {theirs} of checkpoint {resume}: resuming reads the training data in another "
+              f"order from step {meta['iteration']} on")
+    if not cfg.train.allow_data_order_change:
+        raise ConfigError(f"{change}; resume with {theirs}, or set train.allow_data_order_change=true to accept that")
+    return f"WARNING {change} (train.allow_data_order_change=true)"
+
+
 class Trainer:
     def __init__(self, cfg):
         from infir.optim import optimizer_spec
@@ -132,7 +160,10 @@ class Trainer:
         self.accum = grad_accumulation(st, info)
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_root = self.run_dir / "checkpoints"
+        order_warning = data_order_change(cfg, self.ckpt_root)  # refused before anything of the run is rewritten
         self.log = RunLogger(cfg, self.run_dir, enabled=info.is_main)
+        if order_warning:
+            self.log.console(order_warning)
         if info.is_main:
             (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
@@ -155,7 +186,10 @@ class Trainer:
         self.flops_per_token = flops_per_token(self.size, st.seq_length)
         self.peak = peak_tflops(self.device)
 
+        sp = cfg.train.spike
+        self.spike = SpikePolicy(sp.action, sp.factor, sp.window)
         self.step, self.skipped = self._start()
+        self.skips_in_a_row = 0  # steps skipped since the last good one (train.max_skips); not carried across launches
         self._stop_signal = None
 
     def _start(self) -> tuple[int, int]:
@@ -163,8 +197,7 @@ class Trainer:
         init_from (the weights of an earlier stage)."""
         resume = checkpoint.find_resume(self.ckpt_root)
         if resume is not None:
-            checkpoint.load_weights(resume, self.model.module, self.info)
-            state = checkpoint.load_trainer(resume, self.optimizer, self.info)
+            state = self._load(resume)
             self.log.console(f"resumed from {resume} at step {state['step']}")
             return state["step"], state.get("skipped", 0)
         if self.cfg.init_from:
@@ -175,8 +208,20 @@ class Trainer:
             self.log.console(f"initialised weights from {src}")
         return 0, 0
 
+    def _load(self, resume: Path) -> dict:
+        """Weights, optimizer, RNG and spike-window state of checkpoint `resume`; its trainer state."""
+        checkpoint.load_weights(resume, self.model.module, self.info)
+        state = checkpoint.load_trainer(resume, self.optimizer, self.info)
+        self.spike.load_state_dict(state.get("spike"))
+        return state
+
     def _on_signal(self, signum, frame):
+        if signum == signal.SIGINT and self._stop_signal is not None:
+            signal.default_int_handler(signum, frame)  # Ctrl-C while already stopping: stop now, without saving
         self._stop_signal = signal.Signals(signum).name
+        if signum == signal.SIGINT and self.info.is_main:
+            # os.write, not print: a handler that prints while the loop prints raises a reentrant-call error
+            os.write(2, b"infir-train: Ctrl-C: saving a checkpoint after this step, then stopping (Ctrl-C again: stop at once, unsaved)\n")
 
     # ------------------------------------------------------------------ one step
     def lr(self, step: int) -> float:
@@ -210,9 +255,10 @@ class Trainer:
         loss = self._forward_backward(self._micro_batches(step))
         grad_norm = self._grad_norm()
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
-        if finite:
+        spike = finite and self.spike.is_spike(grad_norm)
+        if finite and not spike:
             self._optimizer_step(step, grad_norm)
-        return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "lr": self.lr(step)}
+        return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "spike": spike, "lr": self.lr(step)}
 
     def _forward_backward(self, micro_batches: list[dict]) -> float:
         """Gradients of the global batch's token-mean loss in DDP's `main_grad`, reduced over DP; the loss."""
@@ -303,11 +349,12 @@ class Trainer:
             "precision": self.cfg.precision.name,
             "stage": self.cfg.stage.name,
             "run_name": self.cfg.run_name,
+            "data_order": data.order_keys(self.cfg),
         }
         try:
             path = checkpoint.save(
                 self.ckpt_root, self.step, model=self.model.module, optimizer=self.optimizer,
-                trainer_state={"step": self.step, "skipped": self.skipped}, meta=meta, info=self.info,
+                trainer_state={"step": self.step, "skipped": self.skipped, "spike": self.spike.state_dict()}, meta=meta, info=self.info,
                 keep_last=self.cfg.train.keep_last,
             )
         except checkpoint.CheckpointWriteError as e:
@@ -332,13 +379,16 @@ class Trainer:
         })
 
     def train(self) -> dict:
-        """Steps to stage end, or until SIGTERM/SIGUSR1 (a scheduler's preemption notice) asks to save and stop.
+        """Steps to stage end, or until SIGTERM/SIGUSR1 (a scheduler's preemption notice) or Ctrl-C asks to
+        save and stop; a second Ctrl-C raises KeyboardInterrupt at once.
 
         The handlers live only while the loop runs: a process that keeps the trainer around (a bench,
         a notebook) keeps its own handlers, and the handler's bound method does not pin the trainer
         (its model, optimizer states) in memory once it is dropped.
         """
-        stops = (signal.SIGTERM, signal.SIGUSR1)
+        stops = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+        # A SIGINT the process ignores (a shell's background job) stays ignored, as Python leaves it.
+        stops = [sig for sig in stops if sig != signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN]
         previous = {sig: signal.signal(sig, self._on_signal) for sig in stops}
         try:
             with self.gc:
@@ -360,6 +410,10 @@ class Trainer:
             if not out["finite"]:
                 self._handle_non_finite(out)
                 continue
+            if out["spike"]:
+                self._handle_spike(out)
+                continue
+            self.skips_in_a_row = 0
             self.step += 1
             self.gc.after_step(self.step)
             launch_steps += 1
@@ -379,6 +433,8 @@ class Trainer:
                 return last
             if not window.steps:  # validation and checkpoints stay out of the next window's time
                 window.restart()
+        if self._saved_at() != self.step:  # the last steps were skipped, and no save follows a skipped step
+            self.save()
         self._summary("finished", **last, **self._final_rates())
         self.log.plot()
         self.log.finish()
@@ -439,23 +495,58 @@ class Trainer:
         return {k: rates.get(k) for k in ("tokens_per_s", "tflops", "mfu", "peak_mem_gib")}
 
     def _handle_non_finite(self, out: dict) -> None:
-        what = f"step {self.step + 1}: loss={out['loss']}, grad norm={out['grad_norm']}"
-        if self.cfg.train.on_nan == "skip" and self.skipped < self.cfg.train.max_skips:
+        tr = self.cfg.train
+        what = f"non-finite step {self.step + 1}: loss={out['loss']}, grad norm={out['grad_norm']}"
+        if tr.on_nan == "skip" and self.skips_in_a_row < tr.max_skips:
             self.skipped += 1
             self.step += 1  # the step's data is consumed; the weights did not change
-            self.log.console(f"WARNING non-finite {what}: step skipped ({self.skipped}/{self.cfg.train.max_skips} allowed)")
-            self.log.log({"step": self.step, "skipped_steps": self.skipped})
+            self._count_skip(f"WARNING {what}: step skipped")
             return
-        # The weights are still those of the last good step: keep them, then stop.
+        tries = ["lower stage.lr", "check the data"]
+        if self.recipe.fp8:
+            tries.append("try precision=bf16 to rule out FP8 overflow")
+        if tr.on_nan == "skip":
+            what += f", with train.max_skips={tr.max_skips} steps skipped in a row already"
+            tries.append("raise train.max_skips")
+        else:
+            tries.append("set train.on_nan=skip to skip such steps")
+        self._stop(NonFiniteError, what, tries)
+
+    def _handle_spike(self, out: dict) -> None:
+        """train.spike's action on a step whose grad norm spiked (the optimizer did not step)."""
+        sp, max_skips = self.cfg.train.spike, self.cfg.train.max_skips
+        what = (f"grad-norm spike at step {self.step + 1}: {out['grad_norm']:.4g} > {sp.factor:g} x {self.spike.median():.4g}, "
+                f"the median of the last {sp.window} steps")
+        if self.skips_in_a_row >= max_skips:
+            what += f", with train.max_skips={max_skips} steps skipped in a row already"
+            self._stop(SpikeError, what, ["lower stage.lr", "check the data", "raise train.spike.factor or train.max_skips"])
+        resume = checkpoint.find_resume(self.ckpt_root) if sp.action == "rollback" else None
+        if resume is None:  # skip, or a rollback before the first checkpoint
+            self.skipped += 1
+            self.step += 1
+            self._count_skip(f"WARNING {what}: step skipped")
+            return
+        state = self._load(resume)
+        # Every step since the checkpoint is undone: its data stays unread, as the spike's own.
+        self.skipped = state.get("skipped", 0) + self.step + 1 - state["step"]
+        self.step += 1
+        span = f"step {self.step}" if state["step"] + 1 == self.step else f"steps {state['step'] + 1}-{self.step}"
+        self._count_skip(f"WARNING {what}: rolled back to {resume} (step {state['step']}), the data of {span} skipped")
+
+    def _count_skip(self, line: str) -> None:
+        self.skips_in_a_row += 1
+        self.log.console(f"{line} ({self.skips_in_a_row} in a row, train.max_skips={self.cfg.train.max_skips}; "
+                         f"{self.skipped} skipped in all)")
+        self.log.log({"step": self.step, "skipped_steps": self.skipped})
+
+    def _stop(self, error: type, what: str, tries: list[str]) -> None:
+        """Keep the weights of the last good step, then raise `error`: what happened and what to try."""
         if self._saved_at() != self.step and self.step > 0:
             self.save()
-        self._summary("failed", error=f"non-finite {what}")
+        self._summary("failed", error=what)
         self.log.plot()
-        raise NonFiniteError(
-            f"non-finite {what}. The weights of step {self.step} are saved in {self.ckpt_root}. "
-            "Lower stage.lr, check the data, try precision=bf16 to rule out FP8 overflow, "
-            "or set train.on_nan=skip to skip such steps."
-        )
+        advice = ", ".join(tries[:-1]) + f", or {tries[-1]}"
+        raise error(f"{what}. The weights of step {self.step} are saved in {self.ckpt_root}. {advice[0].upper()}{advice[1:]}.")
 
 
 class _Window:

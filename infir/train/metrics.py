@@ -38,7 +38,7 @@ class RunLogger:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
-        mode = os.environ.get("WANDB_MODE") or cfg.logger.wandb
+        mode = wandb_mode(cfg.logger.wandb)
         if mode != "disabled":
             import wandb
 
@@ -88,6 +88,14 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.finish()
             self.wandb = None
+
+
+def wandb_mode(configured: str) -> str:
+    """W&B's mode: $WANDB_MODE over logger.wandb's offline or online, as wandb itself reads it; but
+    logger=none (disabled) means no W&B whatever the environment says."""
+    if configured == "disabled":
+        return configured
+    return os.environ.get("WANDB_MODE") or configured
 
 
 def _wandb_id(run_dir: Path) -> str:

@@ -160,11 +160,25 @@ class ParallelConfig:
 @dataclass
 class LoggerConfig:
     name: str = MISSING
-    wandb: str = "offline"           # disabled | offline | online ($WANDB_MODE wins)
+    wandb: str = "offline"           # disabled | offline | online ($WANDB_MODE wins over the last two)
     project: str = "infir"
 
     def __post_init__(self):
         _one_of("logger.wandb", self.wandb, ("disabled", "offline", "online"))
+
+
+@dataclass
+class SpikeConfig:
+    action: str = "none"             # none | skip | rollback (infir.train.spike)
+    factor: float = 5.0              # a spike: a grad norm above factor x the running median
+    window: int = 50                 # steps in the running median; none is judged before it is full
+
+    def __post_init__(self):
+        from infir.train.spike import ACTIONS
+
+        _one_of("train.spike.action", self.action, ACTIONS)
+        check(self.factor > 1, "train.spike.factor", self.factor, "a number > 1 (times the running median grad norm)")
+        _positive_int("train.spike.window", self.window)
 
 
 @dataclass
@@ -179,6 +193,8 @@ class TrainConfig:
     fp8_health_interval: int = 100   # 0: off
     exit_after: Optional[int] = None
     gc_interval: Optional[int] = None  # null: Python's automatic garbage collector
+    spike: SpikeConfig = field(default_factory=SpikeConfig)
+    allow_data_order_change: bool = False  # resume even where the config reads the data in another order
 
     def __post_init__(self):
         _one_of("train.on_nan", self.on_nan, ("stop", "skip"))
@@ -220,4 +236,4 @@ def register() -> None:
 
 
 __all__ = ["InfirConfig", "ModelConfig", "PrecisionConfig", "OptimizerConfig", "DataConfig", "StageConfig",
-           "ParallelConfig", "LoggerConfig", "TrainConfig", "COMPILE_MODES", "register"]
+           "ParallelConfig", "LoggerConfig", "SpikeConfig", "TrainConfig", "COMPILE_MODES", "register"]

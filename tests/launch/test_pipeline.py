@@ -67,3 +67,25 @@ def test_pipeline_stops_at_an_interrupted_stage_resumes_it_and_skips_what_finish
 def test_pipeline_rejects_an_unknown_option(tmp_path):
     done = pipeline(tmp_path, "--precison", "bf16")
     assert done.returncode == 2 and "unknown option '--precison'" in done.stderr
+
+
+def test_the_demo_trains_bf16_and_fp8_side_by_side_and_the_report_compares_them(tmp_path):
+    """`bash launch/pipeline.sh`, the README's first command: the project's point, FP8 against BF16, in its report."""
+    done = pipeline(tmp_path)
+    assert done.returncode == 0, done.stderr
+    trained = [(c["precision"], c["stage"]) for c in calls(tmp_path) if c["cmd"] == "train"]
+    assert trained == [(p, s) for p in ("bf16", "fp8_blockwise_ue8m0") for s in ("cpt", "sft1", "sft2")]
+    page = (tmp_path / "out" / "report" / "index.html").read_text()
+    assert "No pair to compare" not in page
+    for stage in ("cpt", "sft1", "sft2"):
+        assert f"tiny {stage}: fp8_blockwise_ue8m0 vs bf16" in page
+
+
+def test_the_demo_scale_sets_the_train_intervals_as_well_as_the_stage_sizes():
+    """conf/scale/demo.yaml's train values win over conf/config.yaml's (validation every 20 steps, not 500)."""
+    from infir.train.cli import compose
+
+    demo = compose([])
+    assert (demo.stage.iters, demo.train.eval_interval, demo.train.eval_iters, demo.train.save_interval) == (40, 20, 4, 20)
+    assert compose(["train.eval_interval=7"]).train.eval_interval == 7, "the command line still wins"
+    assert compose(["scale=full"]).train.eval_interval == 500

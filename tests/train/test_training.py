@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from infir.model import ckpt_format
 from trainrun import REPO, in_process_losses, losses, run_train, summary, train_cmd
 
 FAST = ["logger=none", "precision=fp32", "train.log_interval=1", "train.eval_interval=0"]
+SMALL = ["stage.seq_length=64", "stage.global_batch=2", "stage.micro_batch=2"]  # a fraction of a second a step
 
 
 def demo(root, run_dir, *extra):
@@ -100,10 +102,112 @@ def test_preemption_signal_saves_stops_and_lets_the_trainer_go(demo_root, tmp_pa
         distributed.shutdown()
 
 
+def test_ctrl_c_saves_and_stops_in_one_line(demo_root, tmp_path):
+    """SIGINT, as Ctrl-C sends it, mid-run: as SIGTERM, the step finishes, a checkpoint is written and the run
+    says where it stopped, with no KeyboardInterrupt traceback; the rerun resumes from it."""
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    args = demo(demo_root, run_dir, *SMALL, "stage.iters=1000", "train.save_interval=1000")
+    proc = subprocess.Popen(train_cmd(args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 2/"):
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "infir-train: Ctrl-C: saving a checkpoint after this step, then stopping" in err
+    stopped = re.search(r"stopping at step (\d+) \(SIGINT\); rerun the same command to resume", out)
+    assert stopped, out[-2000:]
+    assert ckpt_format.resolve(run_dir / "checkpoints").name == f"iter_{int(stopped.group(1)):07d}"
+    assert summary(run_dir)["status"] == "interrupted"
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(demo_root, tmp_path, capfd):
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        trainer = Trainer(compose(demo(demo_root, tmp_path, *SMALL, "stage.iters=20", "train.save_interval=100")))
+        step = trainer.train_step
+
+        def ctrl_c_twice_at_3(i):
+            if i == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.01)  # the handler runs between the two
+                os.kill(os.getpid(), signal.SIGINT)
+            return step(i)
+
+        trainer.train_step = ctrl_c_twice_at_3
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert trainer.step == 2 and not (tmp_path / "checkpoints").exists()
+        assert signal.getsignal(signal.SIGINT) is previous, "train() must give the process its own SIGINT handler back"
+        assert capfd.readouterr().err.count("Ctrl-C again: stop at once, unsaved") == 1
+        trainer.log.finish()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        distributed.shutdown()
+
+
+def test_resuming_with_another_data_order_is_refused_unless_allowed(demo_root, tmp_path, capsys):
+    """stage.iters sizes the pretraining data megatron draws: a resume with another value reads other samples
+    from the resumed step on. Refused, naming both values, before the run dir is touched; allowed, it warns."""
+    from infir.train import dist as distributed
+    from infir.train.cli import compose, run
+    from infir.train.loop import Trainer
+
+    first = demo(demo_root, tmp_path, *SMALL, "stage.iters=4", "train.save_interval=2", "train.exit_after=2")
+    try:
+        Trainer(compose(first)).train()
+        config = (tmp_path / "config.yaml").read_text()
+        with pytest.raises(SystemExit) as refused:
+            run(compose(demo(demo_root, tmp_path, *SMALL, "stage.iters=6")))
+        err = capsys.readouterr().err.strip()
+        assert refused.value.code == 2 and len(err.splitlines()) == 1
+        assert err == (f"infir-train: stage.iters=6 differs from stage.iters=4 of checkpoint {tmp_path}/checkpoints/"
+                       "iter_0000002: resuming reads the training data in another order from step 2 on; resume with "
+                       "stage.iters=4, or set train.allow_data_order_change=true to accept that")
+        assert (tmp_path / "config.yaml").read_text() == config, "the refused run must not rewrite the run's config"
+        allowed = Trainer(compose(demo(demo_root, tmp_path, *SMALL, "stage.iters=6", "train.allow_data_order_change=true")))
+        out = capsys.readouterr().out
+        assert "WARNING stage.iters=6 differs from stage.iters=4" in out and "(train.allow_data_order_change=true)" in out
+        assert allowed.step == 2
+        allowed.log.finish()
+    finally:
+        distributed.shutdown()
+
+
+@pytest.mark.parametrize("error, code", [("KeyboardInterrupt", 130), ("SpikeError", 3)])
+def test_the_cli_ends_a_stopped_run_in_one_line(demo_root, tmp_path, monkeypatch, capsys, error, code):
+    """Ctrl-C while the trainer is built (before the loop's handler) or a spike stop: one line, no traceback."""
+    from infir.train import cli, loop
+
+    class Stopped:
+        def __init__(self, cfg):
+            raise KeyboardInterrupt if error == "KeyboardInterrupt" else loop.SpikeError("grad-norm spike at step 3")
+
+    monkeypatch.setattr(loop, "Trainer", Stopped)
+    try:
+        cli.run(cli.compose(demo(demo_root, tmp_path)))
+    except SystemExit as stop:
+        exit_code = stop.code
+    except KeyboardInterrupt:  # caught here: escaping, it would end the test session
+        pytest.fail("Ctrl-C escaped infir-train's run: Python prints its traceback")
+    err = capsys.readouterr().err
+    assert exit_code == code and len(err.splitlines()) == 1 and err.startswith("infir-train: ")
+
+
 def test_crash_during_save_keeps_the_last_complete_checkpoint(demo_root, tmp_path):
     """A save that dies half-way leaves `latest` on the previous checkpoint, and the run resumes from it."""
     run_dir = tmp_path / "run"
-    run_train(demo(demo_root, run_dir, "stage.iters=4", "train.save_interval=2"))
+    run_train(demo(demo_root, run_dir, "stage.iters=6", "train.save_interval=2", "train.exit_after=4"))
     ckpts = run_dir / "checkpoints"
     # What a crash mid-save leaves: a half-written next iteration directory, never committed.
     half = ckpts / "iter_0000006.tmp"
@@ -124,7 +228,7 @@ def test_failed_checkpoint_write_names_the_disk_and_keeps_the_last_checkpoint(de
     directory is gone, and a rerun resumes from the last one."""
     run_dir = tmp_path / "run"
     args = demo(demo_root, run_dir, "train.save_interval=2", *(["parallel=tp2"] if nproc == 2 else []))
-    run_train([*args, "stage.iters=2"], nproc=nproc)
+    run_train([*args, "stage.iters=4", "train.exit_after=2"], nproc=nproc)
 
     shards = {f.name: f.stat().st_size for f in (run_dir / "checkpoints" / "iter_0000002").iterdir()}
     cap = (shards["model_tp0.safetensors"] + shards["train_tp0.pt"]) // 2
@@ -158,7 +262,8 @@ def test_non_finite_loss_stops_clearly_and_keeps_checkpoints(demo_root, tmp_path
         check=False,
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "non-finite" in proc.stderr and "train.on_nan=skip" in proc.stderr
+    advice = "or set train.on_nan=skip to skip such steps." if mode == "stop" else "or raise train.max_skips."
+    assert "non-finite" in proc.stderr and advice in proc.stderr
     s = summary(run_dir)
     assert s["status"] == "failed" and "non-finite" in s["error"]
     latest = ckpt_format.resolve(run_dir / "checkpoints")
