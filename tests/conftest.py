@@ -1,4 +1,6 @@
-"""Shared test setup: `gpu` tests are skipped where CUDA is absent (CI), and run on a GPU host."""
+"""Shared test setup: `gpu` tests are skipped where CUDA is absent (CI), and run on a GPU host; without a GPU
+the Triton kernels run in Triton's interpreter. That must be set before any `triton.jit` runs, so here, before
+any test module (whichever of them first imports a kernel module) is collected."""
 import os
 
 import pytest
@@ -6,6 +8,8 @@ import torch
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,16 +1,9 @@
-"""Fixtures for the optimizer tests.
-
-Without CUDA the Triton kernels run in Triton's interpreter; the variable must be set before
-the kernel modules are imported, hence at conftest import."""
-import os
+"""Fixtures for the optimizer tests (Triton's interpreter on CPU is set in tests/conftest.py)."""
 import types
 
 import numpy as np
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
