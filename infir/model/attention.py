@@ -5,7 +5,8 @@ and too large at 4k-32k context), builds its causal mask with device="cuda" (so 
 and Transformer Engine's fused attention cannot be assumed.
 
 Which kernel, by measurement on the H100 (bench/attention.py, fwd+bwd of one layer, Qwen2.5 heads):
-- plain causal rows: SDPA with `is_causal`, which picks cuDNN's fused kernel there (1.7x flash at 32k);
+- plain causal rows: SDPA with `is_causal`, which picks cuDNN's fused kernel there (faster than flash at
+  these shapes);
 - packed documents or context parallelism (a `DocumentLayout` arrives as `packed_seq_params`):
   `kernel="varlen"`, FlashAttention's variable-length kernel (`torch.nn.attention.varlen`), or
   `kernel="flex"`, FlexAttention with a document block mask (built once per micro-batch);
@@ -40,8 +41,8 @@ from infir.model.documents import DocumentLayout, document_ids, gathered_order, 
 KERNELS = ("auto", "varlen", "flex", "sdpa")
 
 
-# From this row length on, `auto` runs FlexAttention: on the H100 (bench/attention.py, 1.5B and 7B heads,
-# documents of median 1.5k tokens) it is 1.2x faster than varlen at 32k and 1.3-1.4x slower at 8k.
+# From this row length on, `auto` runs FlexAttention: bench/attention.py's document rows (1.5B and 7B heads)
+# have it ahead of varlen at 32k and behind it at 8k; the crossover lies between.
 FLEX_FROM_TOKENS = 16384
 
 
@@ -178,7 +179,7 @@ def flex_block_mask(layout: DocumentLayout, q_len: int):
         def same_document_causal(b, h, qi, ki):
             return (doc[b, q_t[qi]] == doc[b, ki]) & (ki <= q_t[qi])
 
-        # compiled: the eager build takes 10-14 ms per micro-batch at 8k-32k on the H100
+        # compiled: the eager build evaluates the mask element by element and costs a sizeable part of a layer
         layout.flex_mask = create_block_mask(same_document_causal, doc.shape[0], None, q_len, doc.shape[1],
                                              device=doc.device, _compile=True)
     return layout.flex_mask

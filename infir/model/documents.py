@@ -86,8 +86,9 @@ def build_layout(position_ids: torch.Tensor, cp: int = 1, cp_rank: int = 0) -> D
     b, seq = pos.shape
     if cp == 1 and not (pos[:, 1:] == 0).any():
         return None
-    chunks = [(lo, lo + seq // (2 * cp)) for lo in cp_positions(seq, cp, cp_rank)[:: seq // (2 * cp)]] if cp > 1 else [(0, seq)]
-    where = gathered_order(seq, cp)
+    local = cp_positions(seq, cp, cp_rank)
+    chunks = [(local[0], local[0] + len(local) // 2), (local[-1] + 1 - len(local) // 2, local[-1] + 1)] if cp > 1 else [(0, seq)]
+    where = gathered_order(seq, cp) if cp > 1 else None
     q_lens, k_lens, k_index = [], [], []
     for row in range(b):
         starts = np.arange(seq) - pos[row]
@@ -95,7 +96,8 @@ def build_layout(position_ids: torch.Tensor, cp: int = 1, cp_rank: int = 0) -> D
             for qa, qb, ka in _pieces(starts, lo, hi):
                 q_lens.append(qb - qa)
                 k_lens.append(qb - ka)
-                k_index.append(row * seq + where[ka:qb])
+                if where is not None:  # without CP the key segments are the query segments themselves
+                    k_index.append(row * seq + where[ka:qb])
     cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(n)]), dtype=torch.int32) for n in (q_lens, k_lens))
     return DocumentLayout(
         qkv_format="sbhd", cu_seqlens_q=cu_q, cu_seqlens_kv=cu_k, max_seqlen_q=max(q_lens), max_seqlen_kv=max(k_lens),

@@ -54,11 +54,11 @@ def to_model_inputs(batch: dict[str, torch.Tensor], device: torch.device, cp: in
     tokens = batch["tokens"]
     positions = batch["position_ids"] if "position_ids" in batch else torch.arange(tokens.shape[1]).expand_as(tokens)
     layout = build_layout(positions, cp, cp_rank)
-    local = torch.as_tensor(cp_positions(tokens.shape[1], cp, cp_rank))
+    local = torch.as_tensor(cp_positions(tokens.shape[1], cp, cp_rank)) if cp > 1 else None
     loss_mask = batch["loss_mask"].float() if "loss_mask" in batch else torch.ones(tokens.shape, dtype=torch.float)
 
     def put(t, dtype):
-        return t[:, local].to(device, dtype, non_blocking=True)
+        return (t if local is None else t[:, local]).to(device, dtype, non_blocking=True)
 
     return {
         "input_ids": put(tokens, torch.long),
