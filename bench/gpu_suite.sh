@@ -13,6 +13,10 @@
 #                                          with TP=2, BF16 vs FP8 (+ profile)
 #   bash bench/gpu_suite.sh table6-7b-tp2  the same for 7B at 8k and at 32k with TP=2 (does 32k fit 80 GB)
 #   bash bench/gpu_suite.sh table6-4gpu    four GPUs: 7B at 32k with TP=4, and with TP=2 x CP=2
+#   bash bench/gpu_suite.sh dp-scaling     bench/step.py on one GPU, then under torchrun on every GPU (DP=N): 1.5B,
+#                                          seq 4096, $ACCUM micro-batches per GPU, BF16 and FP8 with sharded states
+#                                          (ZeRO-1, overlapped reduce) and with replicated ones, un-overlapped (the old
+#                                          path); bench/dp_scaling.py gives tokens/s per GPU against DP=1
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -98,6 +102,17 @@ for stage in "$@"; do
       run step_table6_7b_32k_tp2cp2 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp2 \
         --seq 32768 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/step_table6_7b_32k_tp2cp2.md" \
         --cases qwen2.5-7b:full:bf16+parallel.cp=2 qwen2.5-7b:full:fp8_blockwise_ue8m0+parallel.cp=2 ;;
+    dp-scaling)
+      N=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      M=qwen2.5-1.5b:none
+      OLD=optimizer.distributed=false,optimizer.overlap_grad_reduce=false
+      run "step_dp1_a$ACCUM" python3 bench/step.py --seq 4096 --steps 5 --accum "$ACCUM" --profile \
+        --out "$OUT/step_dp1_a$ACCUM.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0
+      run "step_dp${N}_a$ACCUM" python3 -m torch.distributed.run --standalone --nproc_per_node "$N" bench/step.py \
+        --seq 4096 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_dp${N}_a$ACCUM.md" \
+        --cases $M:bf16 $M:fp8_blockwise_ue8m0 "$M:bf16+$OLD" "$M:fp8_blockwise_ue8m0+$OLD"
+      run "dp_scaling_a$ACCUM" python3 bench/dp_scaling.py --one "$OUT/step_dp1_a$ACCUM.json" \
+        --many "$OUT/step_dp${N}_a$ACCUM.json" --out "$OUT/dp_scaling_a$ACCUM.md" ;;
     step-1.5b)
       run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \
         --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 qwen2.5-1.5b:none:fp8_blockwise_fp32 \
@@ -127,7 +142,7 @@ for stage in "$@"; do
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root outputs/parity --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention dp-scaling step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
   esac
 done
 exit $status

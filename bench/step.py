@@ -142,8 +142,11 @@ def profile_step(trainer) -> dict[str, float]:
     print("top kernels (one step):\n" + "\n".join(f"  {100 * t / total:5.1f}% x{n:<4d} {k[:150]}" for t, n, k in top), flush=True)
     # GPU-busy time beside the step's wall time: their gap is time the GPU waited on the host
     print(f"kernel time in the profiled step: {total / 1e3:.1f} ms", flush=True)
-    exposed_communication(prof)
-    return {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
+    exposed = exposed_communication(prof)
+    out = {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
+    if exposed:  # of the kernel time: the step's GPU time waiting on a collective alone
+        out["exposed communication"] = exposed / total
+    return out
 
 
 def _annotation(name: str) -> bool:
@@ -162,8 +165,8 @@ def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def exposed_communication(prof) -> None:
-    """How much of the collectives' kernel time no compute kernel ran beside: the part of the
+def exposed_communication(prof) -> float:
+    """How much of the collectives' kernel time (us) no compute kernel ran beside: the part of the
     communication the step waits for. A collective's kernel also spans the wait for the slower rank,
     so its own length overstates the wire time; the exposed part is what costs the step."""
     comm, compute = [], []
@@ -173,7 +176,7 @@ def exposed_communication(prof) -> None:
             continue
         (comm if classify(e.name) == "communication" else compute).append((e.time_range.start, e.time_range.end))
     if not comm:
-        return
+        return 0.0
     busy, comm = _union(compute), _union(comm)
     starts = [x for x, _ in busy]
     exposed = 0
@@ -187,6 +190,7 @@ def exposed_communication(prof) -> None:
     total = sum(b - a for a, b in comm)
     print(f"communication kernels: {total / 1e3:.1f} ms in the profiled step, {exposed / 1e3:.1f} ms of it "
           f"with no compute kernel beside it (exposed)", flush=True)
+    return exposed
 
 
 def host_report(prof) -> None:
@@ -367,13 +371,17 @@ def bench_config(model: str, seq: int, mbs: int, accum: int, recompute: str, pre
     from infir.train.cli import compose
 
     name, _, extra = precision.partition("+")
-    return compose([*(o for o in extra.split(",") if o), f"parallel={parallel}",
+    cfg = compose([*(o for o in extra.split(",") if o), f"parallel={parallel}",
         f"model={model}", f"precision={name}", "data=synthetic", "logger=none", "scale=full",
         "model.cpu_init=false",  # random weights made on the GPU: CPU init of a 7B model takes minutes and times nothing
         f"model.recompute={recompute}", f"stage.seq_length={seq}", f"stage.micro_batch={mbs}",
         f"stage.global_batch={mbs * accum}", f"stage.iters={iters}", "stage.warmup_iters=10",
         f"run_dir={run_dir}", "train.save_interval=1000000", "train.eval_interval=0",
     ])
+    # `accum` micro-batches per rank and step at any data-parallel size: DP=2 is twice DP=1's global batch
+    dp = int(os.environ.get("WORLD_SIZE", "1")) // (cfg.parallel.tp * cfg.parallel.cp)
+    cfg.stage.global_batch = mbs * accum * max(dp, 1)
+    return cfg
 
 
 def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int, profile: bool,

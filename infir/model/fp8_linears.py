@@ -143,7 +143,9 @@ class WeightRefresh:
             for m in stale:
                 m.weight_cache.get(m.weight, m.recipe)
         for m in self.linears:
-            m.to_main_grad = hasattr(m.weight, "main_grad")
+            # wgrad's GEMM accumulates in FP32: a BF16 main_grad (optimizer.grad_reduce_dtype=bf16) takes
+            # the gradient through DDP's hook instead
+            m.to_main_grad = getattr(m.weight, "main_grad", None) is not None and m.weight.main_grad.dtype == torch.float32
             if m.to_main_grad:
                 m.weight.grad_added_to_main_grad = True
 

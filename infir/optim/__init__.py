@@ -19,9 +19,13 @@ Hook-up in a training loop (what each optimizer expects):
   gradients, then ``optimizer.step()`` on every rank; every rank keeps full states and the
   update is deterministic (SR noise is keyed by seed, step and param index, not rank), so
   replicas stay bit-identical (tests/optim/test_data_parallel.py).
+- Sharded data parallel (ZeRO-1): build the optimizer over ``shard_view``s, each rank's share of
+  the parameters; a shard steps as that part of its whole parameter (same rounding noise, same
+  quantization groups; FlashAdamW shards start at multiples of 32 elements), so the sharded run
+  equals the replicated one. infir/train/optimizer.py does this over megatron DDP's buffers.
 - Not composable: megatron's DistributedOptimizer (it owns an fp32 master copy and shards
-  fp32 Adam states: the memory these optimizers remove; use plain DDP) and stepping inside
-  backward under DDP (release.py says why).
+  fp32 Adam states: the memory these optimizers remove) and stepping inside backward under DDP
+  (release.py says why).
 - Gradient release: ``enable_step_in_backward(optimizer, model)`` (release.py), single GPU.
 - Offload: ``offload=True`` on FlashAdamW / SRAdamW (offload.py); call ``optimizer.step()``
   after backward, or combine with ``enable_step_in_backward`` to overlap with backward.
@@ -32,7 +36,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from infir.optim.base import PerParamOptimizer
+from infir.optim.base import PerParamOptimizer, Shard, shard_of, shard_view
 from infir.optim.flash_adamw import FlashAdamW
 from infir.optim.release import StepInBackward, enable_step_in_backward
 from infir.optim.sr_adamw import BF16AdamW, SRAdamW
@@ -97,5 +101,6 @@ def build_optimizer(name: str, params: Iterable, **kw) -> torch.optim.Optimizer:
 
 
 __all__ = ["FlashAdamW", "SRAdamW", "BF16AdamW", "OffloadedAdamW", "PerParamOptimizer",
+           "Shard", "shard_of", "shard_view",
            "StepInBackward", "enable_step_in_backward", "build_optimizer",
            "optimizer_spec", "OptimizerSpec", "OPTIMIZERS"]

@@ -5,8 +5,14 @@ Stepping one parameter at a time is what lets the same update run from ``step()`
 post-accumulate-grad hook inside backward (release.py), or between an H2D and a D2H copy of its
 states (offload.py). Subclasses give the state layout (``_init_state``) and the update
 (``_update``); this class owns the step count, gradient lookup, offloading and checkpoints.
+
+A "parameter" may also be a shard: a contiguous run of a larger parameter's elements, as a
+data-parallel rank of a sharded optimizer (ZeRO-1) holds it (``shard_view``). It is stepped as
+that part of the whole parameter: its random stream and quantization groups are the whole
+parameter's, so a sharded run takes the same steps as an unsharded one.
 """
 import functools
+from dataclasses import dataclass
 from collections import defaultdict
 from typing import Callable, Optional
 
@@ -17,6 +23,29 @@ from infir.optim.packing import packed, packed_buffer
 
 # every param of a group shares (hyper-parameters, step): compute the fp32 scalars once
 _scalars = functools.lru_cache(maxsize=256)(AdamScalars.of)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Where a shard view sits: the whole parameter's index (its position among the optimizer's
+    params in an unsharded run), the shard's first element in it (flat), and the whole's size."""
+    index: int
+    offset: int
+    whole_numel: int
+
+
+def shard_view(param: torch.Tensor, start: int, end: int, index: int) -> torch.Tensor:
+    """Elements [start, end) of ``param`` (flat) as a 1-D tensor sharing its storage, to be
+    stepped as that part of parameter number ``index``: writes to it update ``param``."""
+    view = param.detach().view(-1)[start:end]
+    view.shard = Shard(index, start, param.numel())
+    return view
+
+
+def shard_of(p: torch.Tensor) -> Shard:
+    """The Shard of a ``shard_view``; a whole parameter is the one shard of itself (index None:
+    its position among the optimizer's params)."""
+    return getattr(p, "shard", None) or Shard(None, 0, p.numel())
 
 
 class PerParamOptimizer(torch.optim.Optimizer):
@@ -39,7 +68,8 @@ class PerParamOptimizer(torch.optim.Optimizer):
         # stream of stochastic rounding so that replicas stay bit-identical
         index = self.__dict__.setdefault("_index", {})
         for p in self.param_groups[-1]["params"]:
-            index.setdefault(p, len(index))
+            given = shard_of(p).index
+            index.setdefault(p, len(index) if given is None else given)
 
     # --- what a subclass provides ------------------------------------------------------------
     def _init_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ import torch
 
 from infir.optim import companding, weight_split
 from infir.optim.adam_math import AdamScalars, adamw_fp32
-from infir.optim.base import PerParamOptimizer
+from infir.optim.base import PerParamOptimizer, shard_of
 
 
 def flash_adamw_reference(param: torch.Tensor, grad: torch.Tensor,
@@ -79,6 +79,10 @@ class FlashAdamW(PerParamOptimizer):
         self.fused = fused
 
     def _init_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        if shard_of(p).offset % companding.GROUP:
+            # the states' scale groups would straddle two ranks and differ from the unsharded run's
+            raise ValueError(f"a FlashAdamW shard must start at a multiple of {companding.GROUP} elements of its "
+                             f"parameter, got offset {shard_of(p).offset}; pad the shards to that multiple")
         n_groups = companding.num_groups(p.numel())
         state = dict(
             m_codes=torch.zeros_like(p, dtype=torch.int8),

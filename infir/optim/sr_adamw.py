@@ -8,15 +8,16 @@ drops every such update, so training stalls (``BF16AdamW``, the failing baseline
 the tests and benchmarks). Stochastic rounding rounds up with probability equal to the dropped
 fraction: unbiased, so small updates survive in expectation.
 
-The random bits come from (seed, step, parameter index), identical on every data-parallel rank,
-so replicas that see the same all-reduced gradient stay bit-identical.
+The random bits come from (seed, step, parameter index) and the element's place in the parameter,
+identical on every data-parallel rank: replicas that see the same all-reduced gradient stay
+bit-identical, and a rank stepping a shard of the parameter draws that part of the same bits.
 """
 from typing import Optional
 
 import torch
 
 from infir.optim.adam_math import AdamScalars, adamw_fp32
-from infir.optim.base import PerParamOptimizer
+from infir.optim.base import PerParamOptimizer, shard_of
 
 
 def round_to_bf16_stochastic(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -73,12 +74,17 @@ class SRAdamW(PerParamOptimizer):
 
     def _update(self, p, grad, state, group, s, seed) -> None:
         fused = (p.is_cuda if self.fused is None else self.fused)
+        shard = shard_of(p)
         if fused:
             from infir.optim.sr_adamw_triton import sr_adamw_triton_
             sr_adamw_triton_(p, grad, state["exp_avg"], state["exp_avg_sq"], s,
-                             seed if self.stochastic else None)
+                             seed if self.stochastic else None, offset=shard.offset)
             return
-        noise = sr_noise(p.shape, seed, p.device) if self.stochastic else None
+        noise = None
+        if self.stochastic:
+            # the whole parameter's noise, of which this shard takes its own elements' share
+            noise = sr_noise((shard.whole_numel,), seed, p.device)[:, shard.offset:shard.offset + p.numel()]
+            noise = noise.reshape(3, *p.shape)
         new = sr_adamw_reference(p, grad, state["exp_avg"], state["exp_avg_sq"], s, noise)
         for dst, src in zip((p, state["exp_avg"], state["exp_avg_sq"]), new):
             dst.copy_(src)

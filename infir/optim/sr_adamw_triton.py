@@ -1,7 +1,8 @@
 """Fused SR-AdamW step on bf16 weight and states: read 8 bytes, write 6, per parameter.
 
 Twin of sr_adamw.sr_adamw_reference given the same noise. The noise is Philox
-(``tl.randint4x``) keyed by (seed, element index); ``sr_noise_triton`` writes the same numbers
+(``tl.randint4x``) keyed by (seed, element index in the whole parameter: a shard starting at
+element ``offset`` draws the whole's numbers there); ``sr_noise_triton`` writes the same numbers
 to a tensor so tests can feed them to the twin."""
 from typing import Optional
 
@@ -24,7 +25,7 @@ def _noise(seed, offs):
 @triton.jit
 def _sr_adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, lr, beta1, beta2, one_minus_beta1,
                      one_minus_beta2, eps, decay, bias_correction1, bias_correction2, seed,
-                     STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
+                     offset, STOCHASTIC: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -37,7 +38,7 @@ def _sr_adamw_kernel(p_ptr, g_ptr, m_ptr, v_ptr, n, lr, beta1, beta2, one_minus_
     denom = tl.sqrt_rn(tl.div_rn(v, bias_correction2)) + eps
     p = p - tl.div_rn(tl.div_rn(m, bias_correction1) * lr, denom)
     if STOCHASTIC:
-        n_p, n_m, n_v = _noise(seed, offs)
+        n_p, n_m, n_v = _noise(seed, offs + offset)
         tl.store(p_ptr + offs, bf16_round_stochastic(p, n_p), mask=mask)
         tl.store(m_ptr + offs, bf16_round_stochastic(m, n_m), mask=mask)
         tl.store(v_ptr + offs, bf16_round_stochastic(v, n_v), mask=mask)
@@ -65,8 +66,9 @@ def _check(*tensors: torch.Tensor) -> None:
 
 
 def sr_adamw_triton_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                     exp_avg_sq: torch.Tensor, s: AdamScalars, seed: Optional[int]) -> None:
-    """In-place fused step; ``seed=None`` rounds to nearest (the BF16AdamW baseline)."""
+                     exp_avg_sq: torch.Tensor, s: AdamScalars, seed: Optional[int], offset: int = 0) -> None:
+    """In-place fused step; ``seed=None`` rounds to nearest (the BF16AdamW baseline). ``offset``:
+    the first element's index in the whole parameter when ``param`` is a shard of it."""
     n = param.numel()
     if n == 0:
         return
@@ -74,7 +76,7 @@ def sr_adamw_triton_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Ten
     _sr_adamw_kernel[(triton.cdiv(n, BLOCK),)](
         param, grad, exp_avg, exp_avg_sq, n, s.lr, s.beta1, s.beta2, s.one_minus_beta1,
         s.one_minus_beta2, s.eps, s.decay, s.bias_correction1, s.bias_correction2,
-        0 if seed is None else seed, STOCHASTIC=seed is not None, BLOCK=BLOCK, num_warps=4,
+        0 if seed is None else seed, offset, STOCHASTIC=seed is not None, BLOCK=BLOCK, num_warps=4,
         enable_fp_fusion=False)
 
 

@@ -2,7 +2,8 @@
 
 Layout and the atomic commit live in infir/model/ckpt_format.py (shared with infir-convert). Here:
 what each rank writes. TP rank r of data-parallel rank 0 writes model shard r and the optimizer state
-of its shard (replicated across DP); every rank writes its RNG state. Rank 0 writes meta.json and
+of its shard when it is replicated across DP; sharded (ZeRO-1), every data-parallel rank writes its
+share; every rank writes its RNG state. Rank 0 writes meta.json and
 commits once all ranks are done (two barriers), so `latest` only ever names a complete checkpoint.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from infir.model import ckpt_format as fmt
+from infir.train.config import ConfigError
 
 
 def _rng_state() -> dict:
@@ -51,7 +53,10 @@ def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: di
     def write_rank_files():
         if info.dp_rank == 0 and info.cp_rank == 0:  # the other DP and CP ranks hold the same shard
             fmt.save_shard(tmp, info.tp_rank, fmt.model_state(model))
-            torch.save({"optimizer": optimizer.state_dict(), **trainer_state}, tmp / f"train_tp{info.tp_rank}.pt")
+            replicated = {} if optimizer.sharded else {"optimizer": optimizer.state_dict()}
+            torch.save({**replicated, **trainer_state}, tmp / f"train_tp{info.tp_rank}.pt")
+        if optimizer.sharded:  # every data-parallel rank holds its own share of the states
+            torch.save(optimizer.state_dict(), tmp / _optimizer_shard_file(info, optimizer))
         torch.save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")
 
     # In place of barriers: every rank learns whether any write failed, so none waits forever on one
@@ -121,7 +126,7 @@ def load_weights(iter_dir: Path, model, info) -> dict:
     """Load this TP rank's model shard; the checkpoint must have been written at the same TP size."""
     meta = fmt.read_meta(iter_dir)
     if meta["tp"] != info.tp:
-        raise ValueError(
+        raise ConfigError(
             f"{iter_dir} was written with tp={meta['tp']} but this run has parallel.tp={info.tp}; "
             f"reshard it with `infir-convert mcore-to-hf` then `infir-convert hf-to-mcore --tp {info.tp}`"
         )
@@ -133,9 +138,21 @@ def load_weights(iter_dir: Path, model, info) -> dict:
     return meta
 
 
+def _optimizer_shard_file(info, optimizer) -> str:
+    return f"optim_tp{info.tp_rank}_dp{optimizer.shard_rank}.pt"
+
+
 def load_trainer(iter_dir: Path, optimizer, info) -> dict:
-    state = torch.load(Path(iter_dir) / f"train_tp{info.tp_rank}.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(state.pop("optimizer"))
+    """The optimizer's states (replicated, or this rank's share) and the trainer state of `iter_dir`."""
+    iter_dir = Path(iter_dir)
+    state = torch.load(iter_dir / f"train_tp{info.tp_rank}.pt", map_location="cpu", weights_only=False)
+    shard = iter_dir / _optimizer_shard_file(info, optimizer)
+    if optimizer.sharded != ("optimizer" not in state) or (optimizer.sharded and not shard.exists()):
+        written = "sharded over data-parallel ranks" if "optimizer" not in state else "replicated"
+        raise ConfigError(
+            f"{iter_dir} holds optimizer states {written}, which this run cannot read: resume with the "
+            f"data-parallel size and optimizer.distributed setting that wrote it")
+    optimizer.load_state_dict(torch.load(shard, map_location="cpu", weights_only=False) if optimizer.sharded else state.pop("optimizer"))
     rng = Path(iter_dir) / f"rng_rank{info.rank}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))

@@ -5,6 +5,9 @@ of the loop (param dtype, `.grad` or `main_grad`, fused clipping) is its entry i
 
 Precision: master weights, gradients (megatron DDP's fp32 `main_grad` buffers) and optimizer states
 are FP32; the forward/backward compute dtype is the recipe's (BF16 autocast, or FP8 linears).
+
+Data parallel: DDP reduces each gradient bucket while the last micro-batch's backward computes the
+next; the optimizer states are replicated on every rank, or sharded over them (optimizer.py).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from infir.train.gc_control import StepGC
 from infir.train import precision
 from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
+from infir.train.optimizer import DataParallelOptimizer
 from infir.train.schedule import lr_at, resolve_warmup
 from infir.train.spike import SpikePolicy
 
@@ -90,21 +94,44 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
             layer.compile(mode=None if mode == "default" else mode)
         # whether torch.compile's mode replays CUDA graphs, as torch itself lists it (validate needs it)
         graphed = bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import DistributedDataParallel
 
-    ddp = DistributedDataParallel(tcfg, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False), model)
-    return ddp, graphed
+    return DistributedDataParallel(tcfg, ddp_config(cfg.optimizer, info), model), graphed
 
 
-def build_optimizer(cfg, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """`optimizer=` from infir.optim's registry, with decoupled weight decay on matrices only (not
-    on norms and biases)."""
+def sharded_optimizer(oc, info) -> bool:
+    """Whether the optimizer states are sharded over the data-parallel (x context-parallel) ranks."""
+    return (info.dp * info.cp > 1) if oc.distributed is None else bool(oc.distributed)
+
+
+def ddp_config(oc, info):
+    """megatron DDP's settings from `optimizer.`: gradient buckets reduced during backward, reduce-scattered
+    instead of all-reduced when the optimizer is sharded."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    sharded = sharded_optimizer(oc, info)
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=oc.grad_reduce_dtype == "fp32",
+        overlap_grad_reduce=oc.overlap_grad_reduce,
+        bucket_size=oc.bucket_size,
+        use_distributed_optimizer=sharded,
+        # Buckets padded to a multiple of 2**16 x DP elements: each rank's share then starts at a
+        # multiple of FlashAdamW's 32-element groups in every parameter (megatron pads to 128 only).
+        pad_buckets_for_high_nccl_busbw=sharded,
+    )
+
+
+def build_optimizer(cfg, ddp, params: list[torch.nn.Parameter]) -> DataParallelOptimizer:
+    """`optimizer=` from infir.optim's registry over the DDP model's params (or this rank's share of
+    them), with decoupled weight decay on matrices only (not on norms and biases)."""
     from infir import optim
 
     st, oc = cfg.stage, cfg.optimizer
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": st.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    return optim.build_optimizer(oc.name, groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps, **oc.kwargs)
+
+    def build(groups):
+        return optim.build_optimizer(oc.name, groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps, **oc.kwargs)
+
+    return DataParallelOptimizer(ddp, params, build, st.weight_decay)
 
 
 def grad_accumulation(stage, info) -> int:
@@ -176,7 +203,7 @@ class Trainer:
         self.health = HealthMonitor(cfg.train.fp8_health_interval)
         self.health.attach(self.model.module)
         self.gc = StepGC(cfg.train.gc_interval)
-        self.optimizer = build_optimizer(cfg, self.params)
+        self.optimizer = build_optimizer(cfg, self.model, self.params)
 
         # Data and the length of the run.
         self.train_ds, self.valid_ds = data.build_data(cfg, info, self.size.vocab)
@@ -268,10 +295,13 @@ class Trainer:
         n_tokens = n_tokens.clamp(min=1)
         self.model.zero_grad_buffer()
         loss_sum = torch.zeros((), device=self.device)
-        for mb in micro_batches:
-            loss = self._forward(mb)
-            # megatron DDP averages gradients over the DP x CP ranks; undo that share of the mean here.
-            (loss * (self.info.dp * self.info.cp / n_tokens)).backward()
+        for i, mb in enumerate(micro_batches):
+            # DDP reduces each bucket as the last micro-batch's backward completes it
+            sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else self.model.no_sync()
+            with sync:
+                loss = self._forward(mb)
+                # megatron DDP averages gradients over the DP x CP ranks; undo that share of the mean here.
+                (loss * (self.info.dp * self.info.cp / n_tokens)).backward()
             loss_sum += loss.detach()
         from megatron.core.distributed import finalize_model_grads
 
@@ -280,29 +310,21 @@ class Trainer:
         return (loss_sum / n_tokens).item()
 
     def _optimizer_step(self, step: int, grad_norm: float) -> None:
-        if not self.optimizer_spec.reads_main_grad:
-            for p in self.params:
-                p.grad = p.main_grad
-        self._clip(grad_norm)
         lr = self.lr(step)
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.grad_scale = None
-        for p in self.params:
-            p.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
+        self.optimizer.step(lr, grads_in_dot_grad=not self.optimizer_spec.reads_main_grad, grad_scale=self._clip(grad_norm))
         precision.after_optimizer_step(self.model.module, lr)
 
-    def _clip(self, grad_norm: float) -> None:
-        """Scale the gradients to a norm of stage.grad_clip when they exceed it."""
+    def _clip(self, grad_norm: float) -> torch.Tensor | None:
+        """Scale the gradients to a norm of stage.grad_clip when they exceed it: in place, or by the
+        divisor returned for optimizers that apply it inside their fused step."""
         clip = self.cfg.stage.grad_clip
         if not clip or grad_norm <= clip:
-            return
+            return None
         coef = clip / (grad_norm + 1e-6)
-        if self.optimizer_spec.clips_in_step(self.optimizer):
-            self.optimizer.grad_scale = torch.full((), 1.0 / coef, device=self.device)
-        else:
-            torch._foreach_mul_([p.main_grad for p in self.params], coef)
+        if all(self.optimizer_spec.clips_in_step(o) for o in self.optimizer.optimizers):
+            return torch.full((), 1.0 / coef, device=self.device)
+        self.optimizer.scale_grads(coef)
+        return None
 
     def _dp_group(self):
         """The ranks whose tokens make up the global batch: data- and context-parallel."""
@@ -313,12 +335,10 @@ class Trainer:
     def _grad_norm(self) -> float:
         """Global L2 norm of the gradients, counting each tensor-parallel-replicated parameter once."""
         from megatron.core import parallel_state as ps
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        grads = [p.main_grad for p in self.params if param_is_not_tensor_parallel_duplicate(p)]
-        sq = torch.stack(torch._foreach_norm(grads)).float().pow(2).sum() if grads else torch.zeros((), device=self.device)
+        sq = self.optimizer.grad_norm_sq()
         dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
-        return sq.sqrt().item()
+        return sq.sqrt().float().item()  # FP32: shard-order differences of the FP64 sum stay below its precision
 
     @torch.no_grad()
     def validate(self) -> float | None:

@@ -88,11 +88,20 @@ class OptimizerConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     kwargs: Dict[str, Any] = field(default_factory=dict)  # more keyword arguments of its class: +optimizer.kwargs.seed=7
+    # ZeRO-1: each data-parallel rank keeps and steps 1/DP of the optimizer states (infir/train/optimizer.py);
+    # null: on whenever there is more than one data-parallel (x context-parallel) rank
+    distributed: Optional[bool] = None
+    overlap_grad_reduce: bool = True  # reduce each gradient bucket while backward computes the next
+    bucket_size: Optional[int] = None  # elements per gradient bucket; null: megatron's max(40M, 1M x DP)
+    grad_reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients accumulate and are reduced in
 
     def __post_init__(self):
         from infir.optim import OPTIMIZERS
 
         _one_of("optimizer.name", self.name, sorted(OPTIMIZERS))
+        _one_of("optimizer.grad_reduce_dtype", self.grad_reduce_dtype, ["bf16", "fp32"])
+        check(self.bucket_size is None or self.bucket_size > 0, "optimizer.bucket_size", self.bucket_size,
+              "a positive number of elements, or null")
         check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optimizer.betas", list(self.betas),
               "two numbers in [0, 1), e.g. [0.9,0.95]")
         check(self.eps > 0, "optimizer.eps", self.eps, "a positive number")

@@ -1,0 +1,89 @@
+"""Data-parallel scaling from bench/step.py's result files: each case's tokens/s per GPU at DP=N against
+the same case on one GPU (DP=1), with the exposed communication of its profiled step.
+
+    python3 bench/step.py ... --out OUT/step_dp1.md                                    # one process
+    torchrun --nproc_per_node 2 bench/step.py ... --out OUT/step_dp2.md                # the same cases
+    python3 bench/dp_scaling.py --one OUT/step_dp1.json --many OUT/step_dp2.json --out OUT/dp_scaling.md
+
+bench/step.py keeps `--accum` micro-batches per GPU at every DP size (the global batch grows with DP), so
+per-GPU tokens/s compare directly. A case at DP=N may carry optimizer overrides the DP=1 run does not
+(`+optimizer.distributed=false`: replicated states); it is compared with the DP=1 case that has the same
+overrides apart from `optimizer.*`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from _common import base_parser, emit, markdown_table
+
+
+def _table(result: dict, first_column: str) -> list[dict]:
+    for table in result["tables"]:
+        if table["columns"] and table["columns"][0] == first_column:
+            return table["rows"]
+    return []
+
+
+def _ranks(result: dict) -> int:
+    for note in result.get("notes", []):
+        if m := re.search(r"(\d+) rank\(s\)", note):
+            return int(m.group(1))
+    m = re.search(r"nproc_per_node[ =](\d+)", result["env"].get("command", ""))
+    return int(m.group(1)) if m else 1
+
+
+def _key(row: dict) -> tuple:
+    """A case without its optimizer.* overrides: what its DP=1 counterpart shares."""
+    name, _, extra = row["precision"].partition("+")
+    rest = sorted(o for o in extra.split(",") if o and not o.startswith("optimizer."))
+    return row["model"], row["seq"], row["recompute"], row["accum"], name, tuple(rest)
+
+
+def _exposed(result: dict, row: dict) -> float | None:
+    case = f"{row['model']} {row['precision']} s{row['seq']} {row['recompute']}"
+    for prof in _table(result, "case"):
+        if prof["case"] == case:
+            value = prof.get("exposed communication")
+            return float(str(value).rstrip("%")) if value not in (None, "") else 0.0
+    return None
+
+
+def scaling_rows(one: dict, many: list[dict]) -> list[dict]:
+    """One row per DP>1 case that has a DP=1 counterpart with a measured step."""
+    base = {_key(r): r for r in _table(one, "model") if isinstance(r.get("step_ms"), (int, float))}
+    rows = []
+    for result in many:
+        dp = _ranks(result)
+        for r in _table(result, "model"):
+            b = base.get(_key(r))
+            if b is None or not isinstance(r.get("step_ms"), (int, float)):
+                continue
+            per_gpu = r["tokens/s"] / dp
+            rows.append({"model": r["model"], "seq": r["seq"], "case": r["precision"], "accum": r["accum"], "DP": dp,
+                         "tokens/s per GPU": round(per_gpu), "DP=1 tokens/s": b["tokens/s"],
+                         "% of DP=1": 100 * per_gpu / b["tokens/s"], "exposed comm % of GPU time": _exposed(result, r),
+                         "peak GiB": r.get("peak_mem_GiB"), "DP=1 peak GiB": b.get("peak_mem_GiB")})
+    return rows
+
+
+def main() -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--one", required=True, help="bench/step.py's result file of the one-GPU run")
+    p.add_argument("--many", nargs="+", required=True, help="result files of the same cases under torchrun")
+    args = p.parse_args()
+    one = json.loads(Path(args.one).read_text())
+    many = [json.loads(Path(f).read_text()) for f in args.many]
+    rows = scaling_rows(one, many)
+    if not rows:
+        raise SystemExit(f"dp_scaling: no case of {', '.join(args.many)} matches one of {args.one}; run the same "
+                         "--cases (optimizer.* overrides aside) in both")
+    devices = sorted({r["env"].get("device", "?") for r in [one, *many]})
+    emit("Data-parallel scaling, infir trainer (tokens/s per GPU vs one GPU, same cases)",
+         [f"devices: {', '.join(devices)}; DP=1 command: `{one['env'].get('command', '')}`",
+          markdown_table(rows)], args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""The trainer's optimizer over megatron-core DDP's buffers: replicated on every data-parallel rank,
+or sharded over them (ZeRO-1, `optimizer.distributed`).
+
+Why not megatron's DistributedOptimizer: it keeps an FP32 master copy of every BF16 parameter and
+steps torch's Adam over FP32 shards of it, the bytes that infir.optim's optimizers (BF16 weights,
+8-bit or BF16 states) exist to remove, and it allocates on 'cuda' unconditionally. What it is built
+on is reused here: DDP's contiguous parameter and gradient buffers, whose buckets megatron
+reduce-scatters while backward still runs (`overlap_grad_reduce`). Each rank steps its share of
+every bucket, through views into the parameters (infir.optim.shard_view: the random bits and
+quantization groups of the unsharded step, so sharding changes no number), and all-gathers the
+bucket's updated parameters while it steps the next bucket.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class _Part:
+    """One optimizer over the views it steps; with sharding, one bucket's share and its gather."""
+    optimizer: torch.optim.Optimizer | None  # None: this rank's share of the bucket is padding only
+    views: list[torch.Tensor]
+    bucket: object = None  # megatron's _ParamAndGradBucket, when sharded
+    layout: tuple = ()  # (index, offset, numel) per view: what a checkpoint's shard must match
+
+
+def weight_decay_groups(params: list, weight_decay: float) -> list[dict]:
+    """Decoupled weight decay on matrices only (not on norms and biases): matrices first, the order
+    in which every param (or shard of it) is indexed."""
+    def matrix(p) -> bool:
+        return getattr(p, "whole", p).ndim >= 2  # a shard is 1-D: its parameter's shape decides
+
+    return [{"params": [p for p in params if matrix(p)], "weight_decay": weight_decay},
+            {"params": [p for p in params if not matrix(p)], "weight_decay": 0.0}]
+
+
+class DataParallelOptimizer:
+    """`build(param_groups)` (an infir.optim optimizer) over the DDP model's parameters, whole, or
+    over this rank's share of each bucket when `ddp` was built with `use_distributed_optimizer`.
+
+    Every view it steps carries `main_grad` (its slice of DDP's gradient buffer); `counted` says
+    which count toward the gradient norm (tensor-parallel duplicates are counted on one rank only)."""
+
+    def __init__(self, ddp, params: list, build: Callable[[list], torch.optim.Optimizer], weight_decay: float):
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        self.sharded = ddp.ddp_config.use_distributed_optimizer
+        self.group = ddp.intra_dp_cp_group if self.sharded else None
+        groups = weight_decay_groups(params, weight_decay)
+        order = [p for g in groups for p in g["params"]]
+        if not self.sharded:
+            self.parts = [_Part(build(groups), order)]
+        else:
+            index = {p: i for i, p in enumerate(order)}
+            self.parts = [self._bucket_part(buffer, bucket, index, build, weight_decay)
+                          for buffer in ddp.buffers for bucket in buffer.buckets]
+        self.views = [v for part in self.parts for v in part.views]
+        self.counted = [param_is_not_tensor_parallel_duplicate(getattr(v, "whole", v)) for v in self.views]
+
+    def _bucket_part(self, buffer, bucket, index: dict, build, weight_decay: float) -> _Part:
+        from infir.optim import shard_view
+
+        ranks, rank = self.group.size(), self.group.rank()
+        size = bucket.grad_data.numel() // ranks
+        lo = bucket.offset + rank * size
+        hi = lo + size
+        views, layout = [], []
+        for p in sorted(bucket.params, key=lambda q: buffer.param_index_map[q][0]):
+            start, end, _ = buffer.param_index_map[p]
+            a, b = max(start, lo) - start, min(end, hi) - start
+            if a >= b:
+                continue
+            view = shard_view(p, a, b, index[p])
+            view.main_grad = p.main_grad.view(-1)[a:b]
+            view.whole = p
+            views.append(view)
+            layout.append((index[p], a, b - a))
+        groups = [g for g in weight_decay_groups(views, weight_decay) if g["params"]]
+        views = [v for g in groups for v in g["params"]]
+        return _Part(build(groups) if groups else None, views, bucket, tuple(layout))
+
+    @property
+    def shard_rank(self) -> int:
+        """This rank's share of the states: its rank among the data-parallel (x context-parallel) ranks."""
+        return self.group.rank() if self.sharded else 0
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [part.optimizer for part in self.parts if part.optimizer is not None]
+
+    def grad_norm_sq(self) -> torch.Tensor:
+        """Sum of squared gradients of this rank's views (counted ones), summed over the shards' ranks."""
+        grads = [v.main_grad for v, c in zip(self.views, self.counted) if c]
+        device = self.views[0].device if self.views else torch.device("cpu")
+        # FP64 sums: FP32's CPU reduction drifts by ~1e-5 over a million elements, and by a different amount for
+        # each way of cutting the parameters into shards (the clipping, and so the step, would depend on it)
+        sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).pow(2).sum() if grads \
+            else torch.zeros((), dtype=torch.float64, device=device)
+        if self.sharded:
+            dist.all_reduce(sq, group=self.group)
+        return sq
+
+    def scale_grads(self, coef: float) -> None:
+        torch._foreach_mul_([v.main_grad for v in self.views], coef)
+
+    def step(self, lr: float, grads_in_dot_grad: bool, grad_scale: torch.Tensor | None = None) -> None:
+        """Step every view at learning rate `lr` (`grad_scale`: the fused clipping of optimizers that
+        divide by it in their kernel); sharded, gather each bucket's parameters behind its step."""
+        pending = []
+        for part in self.parts:
+            if part.optimizer is not None:
+                self._step_part(part, lr, grads_in_dot_grad, grad_scale)
+            if part.bucket is not None:
+                pending.append(self._gather(part.bucket))
+        for work in pending:
+            work.wait()
+        if self.sharded:
+            # The gather wrote the parameters through the bucket's buffer, which autograd does not see
+            # as a write to them: their version counters say so, for what caches a weight by its version
+            # (the FP8 weight caches).
+            from torch.autograd.graph import increment_version
+
+            increment_version([p for part in self.parts for p in part.bucket.params])
+
+    @staticmethod
+    def _step_part(part: _Part, lr: float, grads_in_dot_grad: bool, grad_scale) -> None:
+        if grads_in_dot_grad:
+            for v in part.views:
+                v.grad = v.main_grad
+        for g in part.optimizer.param_groups:
+            g["lr"] = lr
+        part.optimizer.grad_scale = grad_scale
+        part.optimizer.step()
+        part.optimizer.grad_scale = None
+        for v in part.views:
+            v.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
+
+    def _gather(self, bucket):
+        share = bucket.param_data.numel() // self.group.size()
+        mine = bucket.param_data[self.group.rank() * share:(self.group.rank() + 1) * share]
+        return dist.all_gather_into_tensor(bucket.param_data, mine, group=self.group, async_op=True)
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        if not self.sharded:
+            return self.parts[0].optimizer.state_dict()
+        return {"shards": [part.layout for part in self.parts],
+                "optimizers": [None if part.optimizer is None else part.optimizer.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        if not self.sharded:
+            self.parts[0].optimizer.load_state_dict(state)
+            return
+        if state.get("shards") != [part.layout for part in self.parts]:
+            from infir.train.config import ConfigError
+
+            raise ConfigError("the checkpoint's optimizer shards do not match this run's: it was written with another "
+                             "data-parallel size, bucket size or model; resume with the layout that wrote it "
+                             "(parallel.tp, the number of processes, optimizer.bucket_size)")
+        for part, saved in zip(self.parts, state["optimizers"]):
+            if part.optimizer is not None:
+                part.optimizer.load_state_dict(saved)
