@@ -26,6 +26,13 @@
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 do not fit its memory)
+#   bash bench/gpu_suite.sh scaling-dp     bench/step.py: 1.5B at seq 4096 on one GPU (profiled: the compute the scaling model
+#                                          takes) and data-parallel over every visible GPU at 4 and at 1 micro-batch a rank,
+#                                          BF16 and FP8 (+ profile): steps for `scaling` to validate against
+#   bash bench/gpu_suite.sh scaling        bench/scaling.py: all-gather / reduce-scatter / all-reduce bus bandwidth under
+#                                          torchrun on every visible GPU (groups of 2, 4, ..), then the projection to 8-512
+#                                          H100s (scaling.md/.json/.png) and the model against every measured step
+#                                          (scaling_validate): run it after the stages whose steps it should validate
 # Several stages may be named in one call. Each stage's log, report (NAME.md) and result file (NAME.json: the
 # report's figures with device, versions, commit, date and command; parity also NAME.png) go to $OUT, by default
 # bench/results/<date>-<commit>/, the folder for this run (where $OUT is elsewhere, copy them there); then
@@ -127,7 +134,22 @@ for stage in "$@"; do
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root outputs/parity --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
+    scaling-dp)
+      NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      CASES="qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0"
+      run step_1.5b_dp1 python3 bench/step.py --seq 4096 --steps 5 --accum 4 --profile --out "$OUT/step_1.5b_dp1.md" --cases $CASES
+      for per in 4 1; do
+        run "step_1.5b_dp${NGPU}_${per}mb" python3 -m torch.distributed.run --standalone --nproc_per_node "$NGPU" bench/step.py \
+          --seq 4096 --steps 5 --accum $((per * NGPU)) --profile --out "$OUT/step_1.5b_dp${NGPU}_${per}mb.md" --cases $CASES
+      done ;;
+    scaling)
+      NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      RESULTS=(bench/results "$(dirname "$OUT")")  # the history, and this run's folder wherever $OUT is
+      run "scaling_bw_${NGPU}gpu" python3 -m torch.distributed.run --standalone --nproc_per_node "$NGPU" bench/scaling.py measure \
+        --out "$OUT/scaling_bw_${NGPU}gpu.md"
+      run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
+      run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity scaling-dp scaling" >&2; exit 2 ;;
   esac
 done
 exit $status
