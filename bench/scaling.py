@@ -274,12 +274,12 @@ def fp8_sp_gather(case: str) -> bool:
     return r.fp8 and r.input.granularity == "token"
 
 
-def data_parallel(args, case: str, grad_ranks: int) -> DataParallel:
-    """The gradient reduction the options describe; megatron buckets only where it overlaps."""
+def data_parallel(args, case: str, dp: int) -> DataParallel:
+    """The gradient reduction the options describe; megatron buckets only where it overlaps, by the DP size."""
     r = recipe_of(case)
     fp8_params = args.fp8_param_gather and r.fp8 and r.weight.granularity == "block"
     return DataParallel(args.dp_mode, 4 if args.grad_dtype == "fp32" else 2, FP8_PARAM_BYTES if fp8_params else 2,
-                        max(MEGATRON_BUCKET_ELEMS, 1_000_000 * grad_ranks) if args.dp_overlap else None)
+                        max(MEGATRON_BUCKET_ELEMS, 1_000_000 * dp) if args.dp_overlap else None)
 
 
 def assumptions(args, net_line: str) -> str:
@@ -318,7 +318,7 @@ def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None
         return {**row, "step_ms": f"{args.global_tokens} tokens do not split into {layout.dp} x micro-batches "
                                   f"of {args.mbs} x {seq}"}
     case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision))
-    dp, rates = data_parallel(args, precision, layout.grad_ranks), src.rates()
+    dp, rates = data_parallel(args, precision, layout.dp), src.rates()
     pred = predict(case, rates, net, dp, Overlap(args.dp_overlap, args.tp_hidden))
     if args.dp_overlap:  # beside it, the same step with its data-parallel communication in full view
         pred["efficiency, DP not overlapped"] = predict(case, rates, net, dp, Overlap(False, args.tp_hidden))["efficiency"]
@@ -392,7 +392,7 @@ def validate_row(args, m: Measured, records: list[Measured], net: tuple[Network,
     if src is None or r["accum"] % lay.dp:
         return None
     case = Case(get_size(r["model"]), r["seq"], r["mbs"], r["accum"] // lay.dp, lay, fp8_sp_gather(m.case))
-    pred = predict(case, src.rates(), net[0], data_parallel(args, m.case, lay.grad_ranks),
+    pred = predict(case, src.rates(), net[0], data_parallel(args, m.case, lay.dp),
                    Overlap(args.dp_overlap, args.tp_hidden))
     comm = (m.shares or {}).get("communication")
     return {"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "precision": r["precision"],

@@ -19,13 +19,14 @@ first, then CP, then DP (megatron's order), so a TP group of up to a node's GPUs
 Step = compute + the exposed part of TP/CP communication (`Overlap.tp_hidden` hidden) + the exposed part
 of data-parallel communication: all of it without overlap; with overlap, the gradient reduction runs
 beside the last micro-batch's backward and the parameter gather beside the next step's first forward,
-and only what exceeds them shows.
+and only what exceeds them shows, or at least one bucket of each (the last gradients are ready when
+the backward ends; the first layer waits for its parameters).
 """
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from infir.model.qwen import QwenSize
 from infir.train.comm_volume import (
@@ -170,6 +171,12 @@ def comm_seconds(collectives: list[Collective], layout: Layout, net: Network) ->
     return total
 
 
+def phase_seconds(collectives: list[Collective], phase: str, layout: Layout, net: Network) -> tuple[float, float]:
+    """(all calls, one call) of the collectives of a phase: one bucket's time is what no overlap can hide."""
+    sel = [c for c in collectives if c.phase == phase]
+    return comm_seconds(sel, layout, net), comm_seconds([replace(c, calls=1) for c in sel], layout, net)
+
+
 def backward_share(recompute: str) -> float:
     """The backward's share of a micro-batch's compute: 2 of 3 forward-FLOP units, 3 of 4 where full
     recomputation runs the forward again inside it."""
@@ -187,11 +194,11 @@ def predict(case: Case, rates: ComputeRates, net: Network, dp: DataParallel, ove
         case.size, case.seq, case.mbs, lay)
     tp_cp = case.micro_batches * comm_seconds(per_mb, lay, net) * (1.0 - overlap.tp_hidden)
     steps = dp_collectives(case.size, lay, dp)
-    grads = comm_seconds([c for c in steps if c.phase == "grads"], lay, net)
-    params = comm_seconds([c for c in steps if c.phase == "params"], lay, net)
-    if overlap.dp:
+    grads, last_bucket = phase_seconds(steps, "grads", lay, net)
+    params, first_bucket = phase_seconds(steps, "params", lay, net)
+    if overlap.dp:  # the last gradient bucket is ready when the backward ends; the first layer waits for its gather
         bwd = backward_share(lay.recompute)
-        exposed = max(0.0, grads - bwd * mb) + max(0.0, params - (1 - bwd) * mb)
+        exposed = max(last_bucket, grads - bwd * mb) + max(first_bucket, params - (1 - bwd) * mb)
     else:
         exposed = grads + params
     step = compute + tp_cp + exposed
