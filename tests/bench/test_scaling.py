@@ -15,7 +15,6 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
-import report  # noqa: E402
 import scaling  # noqa: E402
 from _common import markdown_table  # noqa: E402
 from result_file import write_result  # noqa: E402
@@ -168,21 +167,6 @@ def test_project_writes_rows_and_a_figure(results, tmp_path):
     assert any(n.startswith("assumed: intra-node bus bandwidth measured in 2026-01-01-aaaaaaa/scaling_bw_2gpu")
                and "inter-node 50 GB/s per GPU" in n for n in data["notes"])
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
-
-
-def test_the_page_shows_short_scaling_tables(results, tmp_path):
-    out = results / "2026-01-02-bbbbbbb"
-    out.mkdir()
-    scaling.main(["project", "--results", str(results), "--out", str(out / "scaling.md"), "--layouts",
-                  f"{MODEL}:{SEQ}:tp1:none", "--precisions", "bf16", "--gpus", "8"])
-    scaling.main(["validate", "--results", str(results), "--out", str(out / "scaling_validate.md")])
-    lines = report.render(results, tmp_path / "BENCHMARKS.md").splitlines()
-    assert "## Scaling model (bench/scaling.py)" in lines
-    assert "| op | ranks | 4 MiB | 64 MiB | 1024 MiB |" in lines  # the largest size and every other one below
-    assert "| all_gather | 2 | 200 | 200 | 200 |" in lines
-    assert any(ln.startswith(f"| {MODEL} | {SEQ} | tp1 | bf16 | 8 |") for ln in lines)
-    assert any(ln.startswith(f"| {MODEL} | {SEQ} | tp1xdp2 | bf16 | 2 | NVIDIA H100 80GB HBM3 |") for ln in lines)
-    assert "![scaling](results/2026-01-02-bbbbbbb/scaling.png)" in lines
 
 
 @pytest.mark.parametrize("argv, says", [
