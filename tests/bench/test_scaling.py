@@ -194,7 +194,8 @@ def test_measure_under_torchrun_writes_the_bandwidth_result(tmp_path):
     out = tmp_path / "scaling_bw_2gpu.md"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                     str(REPO / "bench" / "scaling.py"), "measure", "--max-mib", "16", "--iters", "3", "--out", str(out)],
-                   check=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
+                   check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+                   timeout=600)
     rows = json.loads(out.with_suffix(".json").read_text())["tables"][0]["rows"]
     assert {(r["op"], r["ranks"]) for r in rows} == {(op, 2) for op in ("all_gather", "reduce_scatter", "all_reduce")}
     assert all(r["busbw_GB/s"] > 1 for r in rows) and sorted({r["size_MiB"] for r in rows}) == [1, 2, 4, 8, 16]
