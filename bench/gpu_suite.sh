@@ -30,6 +30,10 @@
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 do not fit its memory)
+#   bash bench/gpu_suite.sh scaling        bench/scaling.py: all-gather / reduce-scatter / all-reduce bus bandwidth under
+#                                          torchrun on every visible GPU (groups of 2, 4, ..), then the projection to 8-512
+#                                          H100s (scaling.md/.json/.png) and the model against every measured step
+#                                          (scaling_validate): run it after the stages whose steps it should validate
 # Several stages may be named in one call. Each stage's log, report (NAME.md) and result file (NAME.json: the
 # report's figures with device, versions, commit, date and command; parity also NAME.png) go to $OUT, by default
 # bench/results/<date>-<commit>/, the folder for this run (where $OUT is elsewhere, copy them there); then
@@ -142,7 +146,14 @@ for stage in "$@"; do
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root outputs/parity --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
-    *) echo "unknown stage '$stage': tests kernels attention dp-scaling step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity" >&2; exit 2 ;;
+    scaling)
+      NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      RESULTS=(bench/results "$(dirname "$OUT")")  # the history, and this run's folder wherever $OUT is
+      run "scaling_bw_${NGPU}gpu" python3 -m torch.distributed.run --standalone --nproc_per_node "$NGPU" bench/scaling.py measure \
+        --out "$OUT/scaling_bw_${NGPU}gpu.md"
+      run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
+      run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity dp-scaling scaling" >&2; exit 2 ;;
   esac
 done
 exit $status

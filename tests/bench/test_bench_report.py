@@ -117,3 +117,58 @@ def test_emit_writes_the_result_file_beside_the_report(tmp_path):
     assert result["notes"] == ["measured copy bandwidth (read+write): 3005 GB/s"]
     assert result["tables"][0]["rows"] == [{"kernel": "1x128", "ms": 0.139, "GB/s": 2920.0}]
     assert result["tables"][0]["printed"] == [["1x128", "0.139", "2.92e+03"]]
+
+
+def _scaling_results(root: Path) -> Path:
+    """A bandwidth run (two sizes a collective), a projection with its figure and a validation, as
+    bench/scaling.py prints them; an older projection that the page must not show."""
+    folder = root / "2026-01-03-ccccccc"
+    folder.mkdir(parents=True)
+    bw = [{"op": op, "ranks": 2, "size_MiB": mib, "time_us": 10.0, "algbw_GB/s": 1.0, "busbw_GB/s": gbs}
+          for op in ("all_gather", "all_reduce") for mib, gbs in ((1, 50.0), (4, 120.0), (16, 300.0))]
+    proj = [{"model": "qwen2.5-7b", "seq": 32768, "replica": "tp4", "recompute": "full", "precision": "bf16", "GPUs": g,
+             "dp": g // 4, "step_ms": ms, "compute_ms": 2000.0, "tokens/s per GPU": 6000.0, "efficiency": eff,
+             "efficiency, DP not overlapped": eff - 0.1, "source": "qwen2.5-7b s32768 bf16 (x/step_7b)"}
+            for g, ms, eff in ((8, 2400.0, 0.833), (512, 2500.0, 0.8))]
+    val = [{"model": "qwen2.5-1.5b", "seq": 4096, "recompute": "none", "precision": "bf16", "layout": "tp1xdp2",
+            "GPUs": 2, "mbs x accum": "2x8", "device": "NVIDIA H100 80GB HBM3", "measured_ms": 760.0,
+            "predicted_ms": 745.0, "error_%": -1.97, "inputs on its device": "yes", "source": "qwen2.5-1.5b s4096"}]
+    reports = {"scaling_bw_2gpu": ("Collective bus bandwidth", ["2 GPUs; bf16", markdown_table(bw)]),
+               "scaling": ("Scaling model: projected step", ["assumed: 50 GB/s a GPU between nodes", "batch: 4M tokens",
+                                                           "efficiency = compute / step time", "Projected step:\n\n"
+                                                           + markdown_table(proj)]),
+               "scaling_validate": ("Scaling model vs measured steps", ["prediction error: max |error| 2.0% over 1",
+                                                                        "Predicted vs measured step:\n\n" + markdown_table(val)])}
+    for kind, (title, sections) in reports.items():
+        text = "\n\n".join([f"## {title}", _header("2026-01-03 10:00", f"python bench/scaling.py --out {kind}.md"),
+                            *sections]) + "\n"
+        write_result(folder / f"{kind}.md", text, commit="ccccccc")
+    (folder / "scaling.png").write_bytes(b"\x89PNG")
+    older = root / "2026-01-02-bbbbbbb"
+    older.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join(["## Scaling model: projected step", _header("2026-01-02 10:00", "python bench/scaling.py"),
+                        "Projected step:\n\n" + markdown_table([{**proj[0], "step_ms": 9999.0}])]) + "\n"
+    write_result(older / "scaling.md", text, commit="bbbbbbb")
+    return root
+
+
+def test_page_shows_the_newest_scaling_runs_as_short_tables(tmp_path):
+    lines = report.render(_scaling_results(tmp_path / "results"), tmp_path / "BENCHMARKS.md").splitlines()
+    at = lines.index("## Scaling model (bench/scaling.py)")
+    section = lines[at:]
+    # bandwidth: a row per collective and group size, at the largest size and every other one below it
+    assert "| op | ranks | 1 MiB | 16 MiB |" in section and "| all_reduce | 2 | 50 | 300 |" in section
+    # the projection: its assumptions and a few columns, the newest run only, then its figure
+    assert "assumed: 50 GB/s a GPU between nodes" in section and "batch: 4M tokens" in section
+    assert ("| model | seq | replica | precision | GPUs | step_ms | tokens/s per GPU | efficiency | "
+            "efficiency, DP not overlapped |") in section
+    assert "| qwen2.5-7b | 32768 | tp4 | bf16 | 512 | 2.5e+03 | 6e+03 | 0.8 | 0.7 |" in section
+    assert not any("9.999e+03" in ln or "| 1e+04 |" in ln for ln in section)
+    assert "![scaling](results/2026-01-03-ccccccc/scaling.png)" in section
+    # the validation: measured vs predicted, with the error summary
+    assert "prediction error: max |error| 2.0% over 1" in section
+    assert ("| qwen2.5-1.5b | 4096 | tp1xdp2 | bf16 | 2 | NVIDIA H100 80GB HBM3 | 760 | 745 | -1.97 | yes |"
+            in section)
+    order = [next(i for i, ln in enumerate(section) if key in ln) for key in ("| op | ranks", "| model | seq | replica",
+                                                                             "| model | seq | layout")]
+    assert order == sorted(order)  # bandwidth, then the projection, then the validation

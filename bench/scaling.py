@@ -1,0 +1,502 @@
+"""A scaling model: collective bandwidth measured here, step time projected to 8-512 GPUs, checked against steps measured.
+
+    torchrun --nproc-per-node N bench/scaling.py measure --out R/scaling_bw_Ngpu.md   # all-gather, reduce-scatter,
+        # all-reduce bus bandwidth (nccl-tests' convention), bf16, 1 MiB .. 1 GiB, over 2, 4, .. N of the GPUs
+    python bench/scaling.py project --out R/scaling.md      # 1.5B and 7B at 8k and 32k on 8, 64, 512 GPUs (+ R/scaling.png)
+    python bench/scaling.py validate --out R/scaling_validate.md   # the model against every measured step
+
+`project` and `validate` read result files only (bench/results/*/: bench/step.py's steps, this script's
+bandwidth), so they run on any machine. The model itself is bench/scaling_model.py: compute from a measured
+step (one GPU's where there is one; else a step of several GPUs with its profiled communication taken out:
+7B with AdamW does not fit one 80 GB GPU), priced by FLOPs; communication from infir.train.comm_volume's
+volumes over the measured bus bandwidth, hierarchical across nodes. The projection keeps InfiR2's CPT
+batch of 4M tokens a step at every GPU count (`--global-tokens`; `--accum` grows it with the GPUs
+instead). `validate` prices each measured step as it ran, from another measured step, under the
+trainer's data parallelism (megatron DDP, FP32 gradients all-reduced after the last micro-batch: the
+`--dp-mode`, `--grad-dtype` and `--dp-overlap` defaults of `validate`).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import emit, markdown_table  # noqa: E402
+from report import Run, is_number, load_run, load_runs, parallel, world_size  # noqa: E402
+from scaling_model import BusBandwidth, Case, ComputeRates, Network, Overlap, predict  # noqa: E402
+
+from infir.model.qwen import get_size  # noqa: E402
+from infir.train.comm_volume import FP8_PARAM_BYTES, OPS, DataParallel, Layout, ring_factor  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LAYOUTS = [  # MODEL:SEQ:LAYOUT:RECOMPUTE, InfiR2's CPT layouts (1.5B at TP=2, 7B at TP=4 for 32k) and neighbours
+    "qwen2.5-1.5b:8192:tp1:none", "qwen2.5-1.5b:32768:tp2:full",
+    "qwen2.5-7b:8192:tp2:full", "qwen2.5-7b:32768:tp4:full", "qwen2.5-7b:32768:tp2cp2:full",
+]
+MEGATRON_BUCKET_ELEMS = 40_000_000  # megatron DDP's bucket size where it overlaps (40M elements at DP <= 40)
+
+
+def fail(message: str) -> None:
+    sys.exit(f"bench/scaling.py: {message}")
+
+
+# ----------------------------------------------------------------------------------------------- measure
+def group_sizes(world: int) -> list[int]:
+    """The group sizes measured on `world` GPUs: powers of two from 2, and world itself."""
+    return sorted({2 ** k for k in range(1, int(math.log2(world)) + 1)} | {world})
+
+
+def bandwidth_row(op: str, ranks: int, nbytes: int, seconds: float) -> dict:
+    algbw = nbytes / seconds / 1e9
+    return {"op": op, "ranks": ranks, "size_MiB": round(nbytes / 2**20), "time_us": seconds * 1e6,
+            "algbw_GB/s": algbw, "busbw_GB/s": algbw * ring_factor(op, ranks)}
+
+
+def time_collective(op: str, nbytes: int, group, ranks: int, warmup: int, iters: int) -> float:
+    """Seconds per collective of nbytes (bf16, nccl-tests' size) over `group`: CUDA events around `iters`
+    back-to-back calls after `warmup`, the slowest rank's mean."""
+    import torch
+    import torch.distributed as dist
+
+    shard = torch.zeros(nbytes // 2 // ranks, dtype=torch.bfloat16, device="cuda")
+    full = torch.zeros(shard.numel() * ranks, dtype=torch.bfloat16, device="cuda")  # a whole number of shards
+    call = {"all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
+            "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
+            "all_reduce": lambda: dist.all_reduce(full, group=group)}[op]
+    for _ in range(warmup):
+        call()
+    dist.barrier(group=group)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        call()
+    end.record()
+    end.synchronize()
+    slowest = torch.tensor([start.elapsed_time(end) / 1e3 / iters], device="cuda")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return float(slowest.item())
+
+
+def measure(args) -> None:
+    import torch
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world < 2 or not torch.cuda.is_available():
+        fail("measure needs two or more GPUs under torchrun: "
+             "torchrun --nproc-per-node N bench/scaling.py measure --out FILE.md")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    rank, rows = dist.get_rank(), []
+    sizes = [2**20 * 2**k for k in range(int(math.log2(args.min_mib)), int(math.log2(args.max_mib)) + 1)]
+    for n in group_sizes(world):
+        group = dist.new_group(list(range(n)))  # every rank takes part in making each group
+        if rank < n:
+            for op in OPS:
+                rows += [bandwidth_row(op, n, b, time_collective(op, b, group, n, args.warmup, args.iters)) for b in sizes]
+        dist.barrier()
+    if rank == 0:
+        emit("Collective bus bandwidth, NCCL through torch.distributed (bench/scaling.py measure)",
+             [f"{world} GPUs; bf16 buffers; {args.warmup} warm-up and {args.iters} timed calls a size (CUDA events, "
+              "the slowest rank's mean); busbw = algbw x 2(n-1)/n for all-reduce, x (n-1)/n for all-gather and "
+              "reduce-scatter (nccl-tests' convention, size = the whole buffer)",
+              markdown_table(rows)], args.out)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------- result files
+@dataclass(frozen=True)
+class Measured:
+    """One row of a bench/step.py result: the step as it ran."""
+
+    run: Run
+    row: dict
+    layout: Layout
+    case: str  # the precision and its overrides other than parallel.*
+    shares: dict | None  # its profile's shares of GPU time, by kernel class
+
+    @property
+    def device(self) -> str:
+        return self.run.env.get("device", "?")
+
+    @property
+    def label(self) -> str:
+        return f"{self.row['model']} s{self.row['seq']} {self.case} ({self.run.folder.name}/{self.run.kind})"
+
+    def rates(self) -> ComputeRates:
+        r = self.row
+        return ComputeRates.from_step(get_size(r["model"]), r["seq"], r["mbs"] * r["accum"] * r["seq"], r["step_ms"],
+                                      self.layout, self.shares, self.label)
+
+
+def overrides(precision: str) -> list[str]:
+    return [o for o in precision.partition("+")[2].split(",") if o]
+
+
+def case_of(precision: str) -> str:
+    """The precision with its overrides other than parallel.* (which the layout holds)."""
+    rest = [o for o in overrides(precision) if not o.startswith("parallel.")]
+    return "+".join([precision.partition("+")[0], ",".join(rest)]) if rest else precision.partition("+")[0]
+
+
+def run_layout(run: Run, row: dict) -> Layout:
+    """The layout a bench/step.py row ran: its conf/parallel, that case's parallel.* overrides, the ranks."""
+    import yaml
+
+    conf = yaml.safe_load((REPO / "conf" / "parallel" / f"{parallel(run)}.yaml").read_text())
+    for o in overrides(row["precision"]):
+        key, _, value = o.partition("=")
+        if key.startswith("parallel."):
+            conf[key.split(".", 1)[1]] = yaml.safe_load(value)
+    tp, cp = int(conf["tp"]), int(conf.get("cp", 1))
+    return Layout(tp=tp, cp=cp, dp=max(1, world_size(run) // (tp * cp)), sequence_parallel=bool(conf["sequence_parallel"]),
+                  recompute=row["recompute"])
+
+
+def profile_shares(run: Run, row: dict) -> dict | None:
+    """Its profile's shares (fractions) of GPU time by kernel class, where the run profiled the row."""
+    name = f"{row['model']} {row['precision']} s{row['seq']} {row['recompute']}"
+    prof = next((r for r in run.rows("case") if r.get("case") == name), None)
+    if prof is None:
+        return None
+    return {k: float(str(v).rstrip("%")) / 100 for k, v in prof.items() if k != "case" and v not in (None, "")}
+
+
+def step_records(runs: list[Run]) -> list[Measured]:
+    """Every timed row of infir's trainer in bench/step.py results, the newest of each configuration."""
+    from infir.fp8 import RECIPES
+
+    newest: dict[tuple, Measured] = {}
+    for run in runs:
+        if not run.kind.startswith("step"):
+            continue
+        for row in run.rows("step_ms"):
+            if not is_number(row.get("step_ms")) or row.get("precision", "").partition("+")[0] not in RECIPES:
+                continue
+            m = Measured(run, row, run_layout(run, row), case_of(row["precision"]), profile_shares(run, row))
+            key = (row["model"], row["seq"], row.get("mbs"), row.get("accum"), m.case, m.layout, m.device)
+            newest[key] = m
+    return list(newest.values())
+
+
+def compute_path(layout: Layout) -> tuple[bool, bool]:
+    """What changes a GPU's work beyond its share of FLOPs: context parallelism runs attention through the
+    document kernels, and tensor parallelism without SP repeats the norms and residuals on every rank."""
+    return layout.cp > 1, layout.tp > 1 and not layout.sequence_parallel
+
+
+def pick_source(sources: list[Measured], model: str, seq: int, layout: Layout, case: str, device: str,
+                exclude_own: bool = False) -> Measured | None:
+    """The measured step to take compute from: the same recompute, case and compute path, profiled where it
+    ran on several GPUs (to take its communication out), and with exclude_own not this model, length and
+    layout; then, in order, on `device` (a fragment of its name), of the same model (else the nearest in
+    size), of the nearest length, on one GPU, profiled, newest. Another model's step, priced by FLOPs, misses
+    most (see validate), so the model comes right after the device."""
+    pool = [s for s in sources if s.layout.recompute == layout.recompute and s.case == case
+            and compute_path(s.layout) == compute_path(layout) and (s.shares or s.layout.gpus == 1)
+            and not (exclude_own and (s.row["model"], s.row["seq"], s.layout) == (model, seq, layout))]
+    pool.sort(key=lambda s: s.run.env.get("date", ""), reverse=True)  # ties go to the newest
+    params = get_size(model).num_params()
+    return min(pool, key=lambda s: (device not in s.device, abs(math.log(get_size(s.row["model"]).num_params() / params)),
+                                    abs(math.log(s.row["seq"] / seq)), s.layout.gpus > 1, s.shares is None), default=None)
+
+
+def bandwidth_runs(runs: list[Run], paths: list[Path]) -> list[Run]:
+    """The named bandwidth result files, or else every scaling_bw_* result under --results."""
+    if paths:
+        return [bandwidth_file(p) for p in paths]
+    return [r for r in runs if r.kind.startswith("scaling_bw")]
+
+
+def bandwidth_file(path: Path) -> Run:
+    import json
+
+    if not path.is_file():
+        fail(f"--bandwidth {path}: no such file; give a result file of `bench/scaling.py measure` (NAME.json)")
+    try:
+        return load_run(path)
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+        fail(f"--bandwidth {path}: not a result file ({type(e).__name__}); "
+             "give the NAME.json `bench/scaling.py measure` wrote")
+
+
+def bus_bandwidth(bw_runs: list[Run], device: str) -> tuple[BusBandwidth, str, bool] | None:
+    """The measured curves of the newest bandwidth run per group size on `device` (else on any device),
+    a line naming the runs, and whether they ran on `device`."""
+    here = [r for r in bw_runs if device in r.env.get("device", "?")]
+    on_device = here or bw_runs
+    curves, used = {}, {}
+    for run in on_device:  # oldest first: a newer run's group sizes replace an older one's
+        points: dict[tuple, list] = {}
+        for r in run.rows("busbw_GB/s"):
+            points.setdefault((r["op"], r["ranks"]), []).append((r["size_MiB"] * 2**20, r["busbw_GB/s"]))
+        curves.update(points)
+        used.update({ranks: run for _, ranks in points})
+    if not curves:
+        return None
+    names = sorted({f"{r.folder.name}/{r.kind} ({r.env.get('device', '?')})" for r in used.values()})
+    return BusBandwidth(curves), "intra-node bus bandwidth measured in " + ", ".join(names), bool(here)
+
+
+def network(args, runs: list[Run], device: str) -> tuple[Network, str, bool]:
+    """The network a projection assumes: measured (or --intra-gbs) intra-node bus bandwidth, --inter-gbs
+    per GPU across nodes; a line stating them, and whether the bandwidth was measured, on `device`."""
+    if args.intra_gbs:
+        bw, here = BusBandwidth.flat(args.intra_gbs), False
+        line = f"intra-node bus bandwidth {args.intra_gbs:g} GB/s (--intra-gbs)"
+    else:
+        found = bus_bandwidth(bandwidth_runs(runs, args.bandwidth), device)
+        if found is None:
+            fail(f"no bandwidth result (scaling_bw_*.json) under {' '.join(map(str, args.results))}: run `torchrun "
+                 "--nproc-per-node N bench/scaling.py measure --out FILE.md` on a GPU host, or give --bandwidth FILE.json "
+                 "or --intra-gbs")
+        bw, line, here = found
+    line += f"; inter-node {args.inter_gbs:g} GB/s per GPU (--inter-gbs), {args.gpus_per_node} GPUs a node"
+    return Network(bw, args.inter_gbs, args.gpus_per_node), line, here
+
+
+def recipe_of(case: str):
+    from infir.fp8 import get_recipe
+
+    return get_recipe(case.partition("+")[0])
+
+
+def fp8_sp_gather(case: str) -> bool:
+    """Whether the recipe's SP gathers move FP8 (per-token input scales: infir.fp8.SequenceParallel)."""
+    r = recipe_of(case)
+    return r.fp8 and r.input.granularity == "token"
+
+
+def data_parallel(args, case: str, dp: int) -> DataParallel:
+    """The gradient reduction the options describe; megatron buckets only where it overlaps, by the DP size."""
+    r = recipe_of(case)
+    fp8_params = args.fp8_param_gather and r.fp8 and r.weight.granularity == "block"
+    return DataParallel(args.dp_mode, 4 if args.grad_dtype == "fp32" else 2, FP8_PARAM_BYTES if fp8_params else 2,
+                        max(MEGATRON_BUCKET_ELEMS, 1_000_000 * dp) if args.dp_overlap else None)
+
+
+def assumptions(args, net_line: str) -> str:
+    fp8_params = args.dp_mode == "zero1" and args.fp8_param_gather
+    dp = (f"{args.dp_mode} over the DP x CP ranks, {args.grad_dtype} gradients"
+          + (", FP8 parameter gather for the block-scaled FP8 recipes" if fp8_params else "")
+          + (", overlapped with the last backward / next forward" if args.dp_overlap else ", not overlapped"))
+    return (f"assumed: {net_line}; data parallel: {dp}; TP/CP communication {100 * (1 - args.tp_hidden):g}% exposed")
+
+
+# ----------------------------------------------------------------------------------------------- project
+def parse_spec(spec: str) -> tuple[str, int, int, int, str]:
+    """MODEL:SEQ:tpN[cpM]:RECOMPUTE -> (model, seq, tp, cp, recompute)."""
+    parts = spec.split(":")
+    m = re.fullmatch(r"tp(\d+)(?:cp(\d+))?", parts[2]) if len(parts) == 4 else None
+    if not m or not parts[1].isdigit():
+        fail(f"--layouts {spec!r}: write MODEL:SEQ:tpN[cpM]:RECOMPUTE, e.g. qwen2.5-7b:32768:tp2cp2:full")
+    try:
+        get_size(parts[0])
+    except KeyError as e:
+        fail(f"--layouts {spec!r}: {e.args[0]}")
+    return parts[0], int(parts[1]), int(m.group(1)), int(m.group(2) or 1), parts[3]
+
+
+def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None, net: Network) -> dict:
+    model, seq, tp, cp, recompute = parse_spec(spec)
+    row = {"model": model, "seq": seq, "replica": f"tp{tp}" + (f"cp{cp}" if cp > 1 else ""), "recompute": recompute,
+           "precision": precision, "GPUs": gpus}
+    if gpus % (tp * cp):
+        return {**row, "step_ms": f"tp x cp = {tp * cp} does not divide {gpus} GPUs"}
+    if src is None:
+        return {**row, "step_ms": f"no measured step at recompute={recompute} {precision} on this compute path"}
+    layout = Layout(tp=tp, cp=cp, dp=gpus // (tp * cp), recompute=recompute)
+    micro = args.accum or args.global_tokens // (args.mbs * seq * layout.dp)
+    if not args.accum and micro * args.mbs * seq * layout.dp != args.global_tokens:
+        return {**row, "step_ms": f"{args.global_tokens} tokens do not split into {layout.dp} x micro-batches "
+                                  f"of {args.mbs} x {seq}"}
+    case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision))
+    dp, rates = data_parallel(args, precision, layout.dp), src.rates()
+    pred = predict(case, rates, net, dp, Overlap(args.dp_overlap, args.tp_hidden))
+    if args.dp_overlap:  # beside it, the same step with its data-parallel communication in full view
+        pred["efficiency, DP not overlapped"] = predict(case, rates, net, dp, Overlap(False, args.tp_hidden))["efficiency"]
+    return {**row, "dp": layout.dp, "micro-batches": micro, **pred, "source": src.label}
+
+
+def project(args) -> None:
+    runs = load_runs(*args.results)
+    sources = step_records(runs)
+    net, net_line, _ = network(args, runs, args.device)
+    rows = []
+    for spec in args.layouts:
+        model, seq, tp, cp, recompute = parse_spec(spec)
+        for precision in args.precisions:
+            src = pick_source(sources, model, seq, Layout(tp=tp, cp=cp, recompute=recompute), precision, args.device)
+            rows += [project_row(args, spec, precision, gpus, src, net) for gpus in args.gpus]
+    columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "step_ms", "compute_ms",
+               "tp_cp_comm_ms", "dp_comm_ms", "dp_exposed_ms", "tokens/s per GPU", "efficiency",
+               "efficiency, DP not overlapped", "source"]
+    sections = [assumptions(args, net_line),
+                ("batch: " + (f"{args.accum} micro-batches of {args.mbs} x seq tokens per data-parallel rank a step (the "
+                              "global batch grows with the GPUs)" if args.accum else
+                              f"{args.global_tokens} tokens a step at every GPU count, in micro-batches of {args.mbs} x seq")
+                 + "; compute from the measured step each row names (source), priced by FLOPs (bench/scaling_model.py), "
+                 f"measured on {args.device} where there is one"),
+                "efficiency = compute / step time: the share of the step not spent waiting on communication",
+                "Projected step:\n\n" + markdown_table(rows, columns)]
+    emit("Scaling model: projected training step on 8 to 512 GPUs (bench/scaling.py project)", sections, args.out)
+    if args.out:
+        plot(rows, Path(args.out).with_suffix(".png"))
+
+
+def plot(rows: list[dict], png: Path) -> None:
+    """Projected efficiency vs GPU count, a line per model, length, replica layout and precision (dashed
+    beside it: the same without data-parallel overlap)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines: dict[str, list] = {}
+    for r in rows:
+        if is_number(r.get("efficiency")):
+            label = f"{r['model'].removeprefix('qwen2.5-')} {r['seq'] // 1024}k {r['replica']} {r['precision']}"
+            lines.setdefault(label, []).append((r["GPUs"], r["efficiency"], r.get("efficiency, DP not overlapped")))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, points in sorted(lines.items()):
+        gpus, eff, exposed = zip(*sorted(points))
+        line, = ax.plot(gpus, eff, marker="o", label=label)
+        if all(is_number(e) for e in exposed):
+            ax.plot(gpus, exposed, marker="x", linestyle="--", color=line.get_color())
+    gpus = sorted({r["GPUs"] for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(gpus, [str(g) for g in gpus])
+    ax.set_ylim(0, 1.02)
+    ax.set(xlabel="GPUs", ylabel="efficiency (compute / step time)",
+           title="Projected scaling efficiency (dashed: data-parallel communication not overlapped)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- validate
+def validate_row(args, m: Measured, records: list[Measured], net: tuple[Network, str, bool]) -> dict | None:
+    """The model's step time for a measured step, with compute from another measured step (not of this
+    model, length and layout); None where there is none or the batch does not split over the DP ranks."""
+    r, lay = m.row, m.layout
+    src = pick_source(records, r["model"], r["seq"], lay, m.case, m.device, exclude_own=True)
+    if src is None or r["accum"] % lay.dp:
+        return None
+    case = Case(get_size(r["model"]), r["seq"], r["mbs"], r["accum"] // lay.dp, lay, fp8_sp_gather(m.case))
+    pred = predict(case, src.rates(), net[0], data_parallel(args, m.case, lay.dp),
+                   Overlap(args.dp_overlap, args.tp_hidden))
+    comm = (m.shares or {}).get("communication")
+    return {"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "precision": r["precision"],
+            "layout": lay.name, "GPUs": lay.gpus, "mbs x accum": f"{r['mbs']}x{r['accum']}", "device": m.device,
+            "measured_ms": r["step_ms"], "predicted_ms": pred["step_ms"],
+            "error_%": 100 * (pred["step_ms"] - r["step_ms"]) / r["step_ms"], "compute_ms": pred["compute_ms"],
+            "tp_cp_comm_ms": pred["tp_cp_comm_ms"], "profiled_comm_ms": comm * r["step_ms"] if comm else None,
+            "dp_exposed_ms": pred["dp_exposed_ms"],
+            "inputs on its device": "yes" if src.device == m.device and net[2] else "no", "source": src.label}
+
+
+def error_summary(rows: list[dict]) -> str:
+    def worst(sel):
+        return f"max |error| {max(abs(r['error_%']) for r in sel):.1f}% over {len(sel)}" if sel else "none"
+
+    multi = [r for r in rows if r["GPUs"] > 1]
+    same = [r for r in multi if r["inputs on its device"] == "yes"]
+    return (f"prediction error: 2+ GPUs with compute source and bandwidth measured on the step's own device: {worst(same)} "
+            f"(target <= 10%); all 2+ GPU steps: {worst(multi)}; single-GPU steps from another model or length: "
+            f"{worst([r for r in rows if r['GPUs'] == 1])}")
+
+
+def validate(args) -> None:
+    runs = load_runs(*args.results)
+    records = step_records(runs)
+    if not records:
+        fail(f"no bench/step.py result under {' '.join(map(str, args.results))}: nothing to validate against")
+    nets = {d: network(args, runs, d) for d in sorted({m.device for m in records if m.layout.gpus > 1})}
+    one_gpu = (Network(BusBandwidth.flat(1.0)), "", True)  # a single GPU communicates nothing
+    rows, unpriced = [], []
+    for m in records:
+        row = validate_row(args, m, records, nets.get(m.device, one_gpu))
+        if row:
+            rows.append(row)
+        else:
+            unpriced.append(f"{m.label} on {m.layout.name}")
+    rows.sort(key=lambda r: (r["GPUs"], r["model"], r["seq"], r["precision"], r["device"]))
+    sections = [assumptions(args, "; ".join(f"{d}: {line}" for d, (_, line, _) in nets.items()) or "one GPU, no network"),
+                "each step is priced from another measured step (source: not of its model, length and layout; on its "
+                "device where there is one, else `inputs on its device` says no), with its own layout, micro-batches and "
+                "the data parallelism above; profiled_comm_ms: the step's collectives' kernel time in its profile",
+                error_summary(rows),
+                "Predicted vs measured step:\n\n" + markdown_table(rows)]
+    if unpriced:
+        sections.append("not priced (no other measured step of the same recompute, case and compute path, or a batch "
+                        "that does not split over the DP ranks): " + "; ".join(sorted(unpriced)))
+    emit("Scaling model vs measured steps (bench/scaling.py validate)", sections, args.out)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def model_options(p: argparse.ArgumentParser, dp_mode: str, dp_overlap: bool) -> None:
+    p.add_argument("--results", type=Path, nargs="+", default=[REPO / "bench" / "results"],
+                   help="folders of result folders to read (bench/step.py steps, bandwidth)")
+    p.add_argument("--bandwidth", type=Path, nargs="*", default=[],
+                   help="bandwidth result files (measure's NAME.json; default: every scaling_bw_* under --results)")
+    p.add_argument("--intra-gbs", type=float, help="a flat intra-node bus bandwidth (GB/s) instead of the measured curves")
+    p.add_argument("--inter-gbs", type=float, default=50.0,
+                   help="inter-node bandwidth per GPU, GB/s (default 50: 8 x 400 Gb/s InfiniBand per 8-GPU node)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--dp-mode", choices=["ddp", "zero1"], default=dp_mode,
+                   help="data parallel: ddp (gradient all-reduce) or zero1 (reduce-scatter + parameter all-gather)")
+    p.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="the gradients' type on the wire")
+    p.add_argument("--dp-overlap", action=argparse.BooleanOptionalAction, default=dp_overlap,
+                   help="data-parallel communication beside the last backward and the next forward (only the excess shows)")
+    p.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=True,
+                   help="zero1: block-scaled FP8 recipes gather FP8 parameters + scales, not BF16")
+    p.add_argument("--tp-hidden", type=float, default=0.0,
+                   help="share of TP/CP communication hidden behind compute (0: all exposed, as the trainer runs it)")
+    p.add_argument("--out", help="write the report (markdown) here, its result file beside it (NAME.json)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="bus bandwidth of NCCL collectives (under torchrun, GPUs)")
+    m.add_argument("--min-mib", type=int, default=1)
+    m.add_argument("--max-mib", type=int, default=1024)
+    m.add_argument("--warmup", type=int, default=5)
+    m.add_argument("--iters", type=int, default=20)
+    m.add_argument("--out", help="write the report (markdown) here, its result file beside it (NAME.json)")
+    pr = sub.add_parser("project", help="step time, tokens/s per GPU and efficiency on 8-512 GPUs")
+    model_options(pr, dp_mode="zero1", dp_overlap=True)
+    pr.add_argument("--layouts", nargs="+", default=DEFAULT_LAYOUTS, help="MODEL:SEQ:tpN[cpM]:RECOMPUTE")
+    pr.add_argument("--precisions", nargs="+", default=["bf16", "fp8_blockwise_ue8m0"])
+    pr.add_argument("--gpus", type=int, nargs="+", default=[8, 64, 512])
+    pr.add_argument("--mbs", type=int, default=1, help="rows per micro-batch")
+    batch = pr.add_mutually_exclusive_group()
+    batch.add_argument("--global-tokens", type=int, default=128 * 32768,
+                       help="tokens a step, whatever the GPU count (default: InfiR2's CPT batch, 128 x 32k)")
+    batch.add_argument("--accum", type=int, help="instead: micro-batches per data-parallel rank a step (weak scaling)")
+    pr.add_argument("--device", default="H100",
+                    help="take compute (and bandwidth) measured on this device where there is one")
+    v = sub.add_parser("validate", help="predicted vs measured step time of every bench/step.py result")
+    model_options(v, dp_mode="ddp", dp_overlap=False)  # the trainer's DDP (infir/train/loop.py)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    for folder in getattr(args, "results", []):
+        if not folder.is_dir():
+            fail(f"--results {folder}: no such folder; give folders of result folders (bench/results)")
+    {"measure": measure, "project": project, "validate": validate}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

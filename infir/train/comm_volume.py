@@ -1,0 +1,165 @@
+"""What a training step sends between ranks: each collective's size and count, for a TP x CP x DP layout.
+
+The trainer's traffic, as infir.model's layers and megatron-core's DDP issue it:
+- Tensor parallel with sequence parallelism (SP), per layer and micro-batch: the column-parallel linears
+  (QKV, FC1) all-gather their input's sequence shards and reduce-scatter its gradient; the row-parallel
+  ones (attention output, FC2) reduce-scatter their output and all-gather its gradient. FP8 recipes whose
+  inputs carry per-token (1x128) scales gather the FP8 bytes + FP32 scales instead of BF16
+  (infir.fp8.SequenceParallel) and keep only X^T's shards, so backward gathers those again for the
+  weight gradient; BF16 keeps the gathered input itself and gathers nothing more.
+- Tensor parallel without SP: the row outputs all-reduced forward, the column inputs' gradients backward.
+- Once per micro-batch around the layers: the embedding's output (reduce-scatter, or all-reduce without
+  SP) and the LM head's input (all-gather under SP; without SP its gradient is all-reduced).
+- Full recomputation runs each layer's forward again inside its backward, collectives included;
+  selective recomputation reruns core attention only, which holds the context-parallel K/V gather.
+- Context parallelism: each layer all-gathers K and V over the CP ranks (kv_heads / tp heads wide: GQA
+  keeps them small) and reduce-scatters their gradients.
+- Data parallel, once per step, over the DP x CP ranks (CP ranks hold the same weights): DDP all-reduces
+  the gradients; ZeRO-1 reduce-scatters them and all-gathers the updated parameters (BF16, or FP8 bytes +
+  one FP32 scale per 128x128 block).
+
+Sizes follow nccl-tests: `Collective.bytes` is the whole buffer (the gathered tensor of an all-gather, the
+input of a reduce-scatter or all-reduce), of which each of n ranks sends `ring_factor(op, n)` times.
+Left out as too small to matter: the LM loss's per-token all-reduces and the SP norm weights' gradients.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from infir.model.qwen import QwenSize
+
+ACT_BYTES = 2  # BF16 activations and activation gradients
+FP8_TOKEN_BYTES = 1 + 4 / 128  # an E4M3 byte, plus one FP32 scale per 1x128 block
+FP8_PARAM_BYTES = 1 + 4 / (128 * 128)  # an E4M3 byte, plus one FP32 scale per 128x128 block
+OPS = ("all_gather", "reduce_scatter", "all_reduce")
+RECOMPUTE = ("none", "selective", "full")
+DP_MODES = ("ddp", "zero1")
+
+
+def ring_factor(op: str, n: int) -> float:
+    """The share of a collective's buffer each rank sends (nccl-tests' bus-bandwidth factor)."""
+    if op not in OPS:
+        raise ValueError(f"collective {op!r}; valid: {list(OPS)}")
+    return (2.0 if op == "all_reduce" else 1.0) * (n - 1) / n
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How ranks split the model: tp x cp ranks hold one replica, dp replicas."""
+
+    tp: int = 1
+    cp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = True
+    recompute: str = "none"
+
+    def __post_init__(self):
+        for key in ("tp", "cp", "dp"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"layout {key}={getattr(self, key)} must be >= 1")
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"layout recompute={self.recompute!r}; valid: {list(RECOMPUTE)}")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.dp
+
+    @property
+    def grad_ranks(self) -> int:
+        """The ranks that hold the same weights and reduce their gradients together."""
+        return self.dp * self.cp
+
+    @property
+    def name(self) -> str:
+        parts = [f"tp{self.tp}"] + ([f"cp{self.cp}"] if self.cp > 1 else []) + [f"dp{self.dp}"]
+        return "x".join(parts) + ("" if self.sequence_parallel or self.tp == 1 else " (no SP)")
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """The gradient reduction: `mode` ddp (all-reduce) or zero1 (reduce-scatter + parameter all-gather),
+    bytes per gradient and per gathered parameter, and the bucket size in elements (None: one bucket,
+    megatron's DDP without overlap)."""
+
+    mode: str = "ddp"
+    grad_bytes: float = 4
+    param_bytes: float = 2
+    bucket_elems: int | None = None
+
+    def __post_init__(self):
+        if self.mode not in DP_MODES:
+            raise ValueError(f"data-parallel mode {self.mode!r}; valid: {list(DP_MODES)}")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """`calls` collectives of `bytes` each over the `group` ranks (tp, cp or dp), in `phase`: fwd, bwd
+    (per micro-batch), grads or params (per step)."""
+
+    name: str
+    op: str
+    group: str
+    bytes: float
+    calls: int
+    phase: str
+
+    def sent_bytes(self, n: int) -> float:
+        """What each of the group's n ranks sends for all `calls`."""
+        return self.calls * self.bytes * ring_factor(self.op, n)
+
+
+def rank_params(size: QwenSize, tp: int) -> float:
+    """Parameters one tensor-parallel rank holds: everything split tp ways but the norms' weights."""
+    norms = (2 * size.layers + 1) * size.hidden
+    return (size.num_params() - norms) / tp + norms
+
+
+def tp_collectives(size: QwenSize, seq: int, mbs: int, layout: Layout, fp8_gather: bool = False) -> list[Collective]:
+    """One micro-batch's tensor-parallel collectives (none at tp=1). Each layer has two of each kind: one
+    for attention (QKV in, proj out), one for the MLP (FC1 in, FC2 out)."""
+    if layout.tp == 1:
+        return []
+    act = mbs * seq // layout.cp * size.hidden * ACT_BYTES  # one hidden-state tensor of the replica's tokens
+    fwd = 2 * size.layers * (2 if layout.recompute == "full" else 1)  # per kind, recomputed forwards included
+    bwd = 2 * size.layers
+    if not layout.sequence_parallel:
+        return [Collective("proj/FC2 outputs", "all_reduce", "tp", act, fwd, "fwd"),
+                Collective("QKV/FC1 input grads", "all_reduce", "tp", act, bwd, "bwd"),
+                Collective("embedding output", "all_reduce", "tp", act, 1, "fwd"),
+                Collective("LM head input grad", "all_reduce", "tp", act, 1, "bwd")]
+    gathered = act * FP8_TOKEN_BYTES / ACT_BYTES if fp8_gather else act
+    out = [Collective("QKV/FC1 inputs", "all_gather", "tp", gathered, fwd, "fwd"),
+           Collective("proj/FC2 outputs", "reduce_scatter", "tp", act, fwd, "fwd"),
+           Collective("QKV/FC1 input grads", "reduce_scatter", "tp", act, bwd, "bwd"),
+           Collective("proj/FC2 output grads", "all_gather", "tp", act, bwd, "bwd"),
+           Collective("embedding output", "reduce_scatter", "tp", act, 1, "fwd"),
+           Collective("embedding output grad", "all_gather", "tp", act, 1, "bwd"),
+           Collective("LM head input", "all_gather", "tp", act, 1, "fwd"),
+           Collective("LM head input grad", "reduce_scatter", "tp", act, 1, "bwd")]
+    if fp8_gather:  # X^T's FP8 shards, gathered again for each column-parallel weight gradient
+        out.append(Collective("QKV/FC1 inputs for wgrad", "all_gather", "tp", gathered, bwd, "bwd"))
+    return out
+
+
+def cp_collectives(size: QwenSize, seq: int, mbs: int, layout: Layout) -> list[Collective]:
+    """One micro-batch's context-parallel collectives: each layer's K and V (none at cp=1)."""
+    if layout.cp == 1:
+        return []
+    kv = mbs * seq * size.kv_heads // layout.tp * size.head_dim * ACT_BYTES  # the whole sequence's K (or V)
+    passes = 1 if layout.recompute == "none" else 2  # the gather is inside core attention, which both modes recompute
+    return [Collective("K/V", "all_gather", "cp", kv, 2 * size.layers * passes, "fwd"),
+            Collective("K/V grads", "reduce_scatter", "cp", kv, 2 * size.layers, "bwd")]
+
+
+def dp_collectives(size: QwenSize, layout: Layout, dp: DataParallel) -> list[Collective]:
+    """One step's data-parallel collectives over the layout's grad_ranks (none where that is 1)."""
+    if layout.grad_ranks == 1:
+        return []
+    params = rank_params(size, layout.tp)
+    buckets = 1 if dp.bucket_elems is None else max(1, math.ceil(params / dp.bucket_elems))
+    grads = params * dp.grad_bytes / buckets
+    if dp.mode == "ddp":
+        return [Collective("gradients", "all_reduce", "dp", grads, buckets, "grads")]
+    return [Collective("gradients", "reduce_scatter", "dp", grads, buckets, "grads"),
+            Collective("parameters", "all_gather", "dp", params * dp.param_bytes / buckets, buckets, "params")]
