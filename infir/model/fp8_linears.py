@@ -136,8 +136,12 @@ class WeightRefresh:
 
     @torch.no_grad()
     def __call__(self, _module, _args) -> None:
-        stale = [m for m in self.linears if not m.weight_cache.fresh(m.weight, m.recipe)]
-        if stale and self._graphable():
+        # A weight whose data-parallel gather is still in flight (`gather_pending`, set by a sharded
+        # optimizer) is re-quantized where its layer waits for it, not here.
+        pending = any(getattr(m.weight, "gather_pending", False) for m in self.linears)
+        stale = [m for m in self.linears
+                 if not getattr(m.weight, "gather_pending", False) and not m.weight_cache.fresh(m.weight, m.recipe)]
+        if stale and not pending and self._graphable():
             self._replay()
         else:
             for m in stale:

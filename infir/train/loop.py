@@ -31,7 +31,7 @@ from infir.train.gc_control import StepGC
 from infir.train import precision
 from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
-from infir.train.optimizer import DataParallelOptimizer
+from infir.train.optimizer import DataParallelOptimizer, overlap_gathers_with_forward
 from infir.train.schedule import lr_at, resolve_warmup
 from infir.train.spike import SpikePolicy
 
@@ -204,6 +204,8 @@ class Trainer:
         self.health.attach(self.model.module)
         self.gc = StepGC(cfg.train.gc_interval)
         self.optimizer = build_optimizer(cfg, self.model, self.params)
+        if self.optimizer.sharded:
+            overlap_gathers_with_forward(self.model.module, self.optimizer)
 
         # Data and the length of the run.
         self.train_ds, self.valid_ds = data.build_data(cfg, info, self.size.vocab)
@@ -237,6 +239,7 @@ class Trainer:
 
     def _load(self, resume: Path) -> dict:
         """Weights, optimizer, RNG and spike-window state of checkpoint `resume`; its trainer state."""
+        self.optimizer.finish_gathers()  # a gather still in flight would overwrite the loaded weights
         checkpoint.load_weights(resume, self.model.module, self.info)
         state = checkpoint.load_trainer(resume, self.optimizer, self.info)
         self.spike.load_state_dict(state.get("spike"))
@@ -362,6 +365,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def save(self) -> Path:
+        self.optimizer.finish_gathers()  # the weights as the last step left them
         meta = {
             "model_name": self.cfg.model.name,
             "model": {k: getattr(self.size, k) for k in self.size.__dataclass_fields__},

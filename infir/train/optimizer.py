@@ -59,6 +59,8 @@ class DataParallelOptimizer:
             self.parts = [self._bucket_part(buffer, bucket, index, build, weight_decay)
                           for buffer in ddp.buffers for bucket in buffer.buckets]
         self.views = [v for part in self.parts for v in part.views]
+        self._pending: dict = {}  # bucket -> its parameter gather's work, from the step until a forward reads it
+        self._bucket_of = {p: part.bucket for part in self.parts if part.bucket is not None for p in part.bucket.params}
         self.counted = [param_is_not_tensor_parallel_duplicate(getattr(v, "whole", v)) for v in self.views]
 
     def _bucket_part(self, buffer, bucket, index: dict, build, weight_decay: float) -> _Part:
@@ -109,22 +111,41 @@ class DataParallelOptimizer:
 
     def step(self, lr: float, grads_in_dot_grad: bool, grad_scale: torch.Tensor | None = None) -> None:
         """Step every view at learning rate `lr` (`grad_scale`: the fused clipping of optimizers that
-        divide by it in their kernel); sharded, gather each bucket's parameters behind its step."""
-        pending = []
-        for part in self.parts:
+        divide by it in their kernel); sharded, start each bucket's parameter gather behind its step.
+        Buckets hold the parameters last-used-first: they step from the last, so that the gathers
+        complete in the order the next forward reads them (`wait_for`, `overlap_gathers_with_forward`)."""
+        for part in reversed(self.parts):
             if part.optimizer is not None:
                 self._step_part(part, lr, grads_in_dot_grad, grad_scale)
             if part.bucket is not None:
-                pending.append(self._gather(part.bucket))
-        for work in pending:
+                self._pending[part.bucket] = self._gather(part.bucket)
+                for p in part.bucket.params:
+                    p.gather_pending = True
+
+    def wait_for(self, params) -> list:
+        """Wait for the pending gathers of the buckets holding `params`; the parameters they completed."""
+        done = []
+        for p in params:
+            bucket = self._bucket_of.get(p)
+            work = self._pending.pop(bucket, None)
+            if work is None:
+                continue
             work.wait()
-        if self.sharded:
+            done.extend(bucket.params)
+        if done:
             # The gather wrote the parameters through the bucket's buffer, which autograd does not see
             # as a write to them: their version counters say so, for what caches a weight by its version
             # (the FP8 weight caches).
             from torch.autograd.graph import increment_version
 
-            increment_version([p for part in self.parts for p in part.bucket.params])
+            increment_version(done)
+            for p in done:
+                p.gather_pending = False
+        return done
+
+    def finish_gathers(self) -> None:
+        """Wait for every pending parameter gather (before weights are read or written outside a forward)."""
+        self.wait_for([p for bucket in list(self._pending) for p in bucket.params])
 
     @staticmethod
     def _step_part(part: _Part, lr: float, grads_in_dot_grad: bool, grad_scale) -> None:
@@ -164,3 +185,30 @@ class DataParallelOptimizer:
         for part, saved in zip(self.parts, state["optimizers"]):
             if part.optimizer is not None:
                 part.optimizer.load_state_dict(saved)
+
+
+def overlap_gathers_with_forward(model: torch.nn.Module, optimizer: DataParallelOptimizer) -> None:
+    """Wait for a bucket's parameter gather only where the next forward first reads its parameters:
+    before the embedding, each decoder layer, the final norm and the output layer (anything else before
+    the model's forward), so that the gathers of later layers overlap the compute of earlier ones. A
+    unit's FP8 weights are re-quantized once its gather is in (the model-wide refresh skips weights
+    whose gather is pending)."""
+    from infir.model.fp8_linears import fp8_linears_of
+
+    decoder = model.decoder
+    units = [m for m in (getattr(model, "embedding", None), *decoder.layers, getattr(decoder, "final_layernorm", None),
+                         getattr(model, "output_layer", None)) if m is not None]
+    covered = {p for unit in units for p in unit.parameters()}
+    model.register_forward_pre_hook(_gather_wait(optimizer, [p for p in model.parameters() if p not in covered], []))
+    for unit in units:
+        unit.register_forward_pre_hook(_gather_wait(optimizer, list(unit.parameters()), fp8_linears_of(unit)))
+
+
+def _gather_wait(optimizer: DataParallelOptimizer, params: list, linears: list):
+    @torch.compiler.disable  # waits on the host: eager, also where the unit's call is compiled (Module.compile)
+    def hook(_module, _args) -> None:
+        if optimizer.wait_for(params):
+            with torch.no_grad():
+                for m in linears:
+                    m.weight_cache.get(m.weight, m.recipe)
+    return hook
