@@ -112,9 +112,11 @@ for stage in "$@"; do
       OLD=optimizer.distributed=false,optimizer.overlap_grad_reduce=false
       run "step_dp1_a$ACCUM" python3 bench/step.py --seq 4096 --steps 5 --accum "$ACCUM" --profile \
         --out "$OUT/step_dp1_a$ACCUM.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0
+      BASELINE=("$M:bf16+$OLD" "$M:fp8_blockwise_ue8m0+$OLD")
+      [ "${DP_BASELINE:-1}" = 0 ] && BASELINE=()  # DP_BASELINE=0: the sharded cases only
       run "step_dp${N}_a$ACCUM" python3 -m torch.distributed.run --standalone --nproc_per_node "$N" bench/step.py \
         --seq 4096 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_dp${N}_a$ACCUM.md" \
-        --cases $M:bf16 $M:fp8_blockwise_ue8m0 "$M:bf16+$OLD" "$M:fp8_blockwise_ue8m0+$OLD"
+        --cases $M:bf16 $M:fp8_blockwise_ue8m0 "${BASELINE[@]}"
       run "dp_scaling_a$ACCUM" python3 bench/dp_scaling.py --one "$OUT/step_dp1_a$ACCUM.json" \
         --many "$OUT/step_dp${N}_a$ACCUM.json" --out "$OUT/dp_scaling_a$ACCUM.md" ;;
     step-1.5b)

@@ -193,22 +193,23 @@ def overlap_gathers_with_forward(model: torch.nn.Module, optimizer: DataParallel
     the model's forward), so that the gathers of later layers overlap the compute of earlier ones. A
     unit's FP8 weights are re-quantized once its gather is in (the model-wide refresh skips weights
     whose gather is pending)."""
-    from infir.model.fp8_linears import fp8_linears_of
+    from infir.model.fp8_linears import WeightRefresh, fp8_linears_of
 
     decoder = model.decoder
     units = [m for m in (getattr(model, "embedding", None), *decoder.layers, getattr(decoder, "final_layernorm", None),
                          getattr(model, "output_layer", None)) if m is not None]
     covered = {p for unit in units for p in unit.parameters()}
-    model.register_forward_pre_hook(_gather_wait(optimizer, [p for p in model.parameters() if p not in covered], []))
+    model.register_forward_pre_hook(_gather_wait(optimizer, [p for p in model.parameters() if p not in covered], None))
     for unit in units:
-        unit.register_forward_pre_hook(_gather_wait(optimizer, list(unit.parameters()), fp8_linears_of(unit)))
+        linears = fp8_linears_of(unit)
+        # the unit's own refresh: one CUDA graph replay per unit where the recipe records it
+        refresh = WeightRefresh(linears) if linears else None
+        unit.register_forward_pre_hook(_gather_wait(optimizer, list(unit.parameters()), refresh))
 
 
-def _gather_wait(optimizer: DataParallelOptimizer, params: list, linears: list):
+def _gather_wait(optimizer: DataParallelOptimizer, params: list, refresh):
     @torch.compiler.disable  # waits on the host: eager, also where the unit's call is compiled (Module.compile)
-    def hook(_module, _args) -> None:
-        if optimizer.wait_for(params):
-            with torch.no_grad():
-                for m in linears:
-                    m.weight_cache.get(m.weight, m.recipe)
+    def hook(module, args) -> None:
+        if optimizer.wait_for(params) and refresh is not None:
+            refresh(module, args)
     return hook
