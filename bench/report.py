@@ -211,6 +211,8 @@ SECTIONS = [  # (heading, kinds shown: the newest run of each)
     ("Chunked LM head + cross entropy (bench/lm_loss.py)", ["lm_loss"]),
     ("Optimizers: step time and memory per parameter (bench/optim.py)", ["optim"]),
     ("Loss parity, FP8 recipes vs BF16 (bench/parity.py)", ["parity_seeds", "parity"]),
+    ("Data-parallel scaling: sharded states (ZeRO-1, overlapped) vs replicated ones (bench/dp_scaling.py)",
+     ["dp_scaling_a4", "dp_scaling_a1"]),
 ]
 
 
