@@ -494,7 +494,7 @@ def mcore_to_hf(ckpt_dir: str | Path, out_dir: str | Path, dtype: str | None = N
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = _tokenizer_dir(meta)
     token_ids = _token_ids(meta, tokenizer_dir)
-    weights_dtype = next(iter(state.values())).dtype
+    weights_dtype = state["model.embed_tokens.weight"].dtype  # the high-precision tensors' (FP8 ones aside)
     # Weights first, config.json last: an interrupted conversion leaves no directory that looks loadable.
     save_torch_state_dict(state, out_dir, max_shard_size=max_shard_size, metadata={"format": "pt"})
     quantized = {"quantization_config": fp8_export.quantization_config()} if fp8 else {}

@@ -2,7 +2,11 @@
 FP8 bytes infir's FP8 layers compute, the size, the refusals, and logits through transformers' loader."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import subprocess
+import sys
 import warnings
 from dataclasses import asdict
 from pathlib import Path
@@ -15,18 +19,9 @@ from infir.eval.backends import HFBackend, fp8_kernel_missing
 from infir.fp8 import dequantize, get_recipe
 from infir.fp8.quantize import quantize_reference
 from infir.model import ckpt_format
-from infir.model.convert import (
-    deinterleave_qkv,
-    hf_shapes,
-    hf_to_mcore_state,
-    load_into_model,
-    main,
-    mcore_to_hf,
-    mcore_to_hf_state,
-    merge_tp,
-    split_tp,
-)
-from infir.model.fp8_export import quantization_config
+from infir.model.convert import deinterleave_qkv, hf_shapes, hf_to_mcore_state, load_into_model, main
+from infir.model.convert import mcore_to_hf, mcore_to_hf_state, merge_tp, split_tp
+from infir.model.fp8_export import is_block_gemm, quantization_config
 from infir.model.qwen import SIZES, QwenSize
 
 # head_dim 128: every split of the fused QKV and FC1 (and of TP=2 shards) falls on a 128 boundary, as in
@@ -92,9 +87,8 @@ def block_weights(state: dict) -> dict[str, torch.Tensor]:
 def dequantized_shards(shards: list[dict], recipe: str) -> list[dict]:
     """Each rank's block GEMM weights replaced by the reference quantizer's FP8 values, dequantized."""
     w = get_recipe(recipe).weight
-    return [{k: dequantize(quantize_reference(v, w.granularity, w.scale_format, w.fmt)) if k.endswith(
-        ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight")) else v
-        for k, v in shard.items()} for shard in shards]
+    return [{k: dequantize(quantize_reference(v, w.granularity, w.scale_format, w.fmt)) if is_block_gemm(k) else v
+             for k, v in shard.items()} for shard in shards]
 
 
 # --------------------------------------------------------------------------- layout
@@ -304,7 +298,7 @@ def infir_model(size: QwenSize, state: dict, recipe: str, device: str = "cpu"):
     model.to(device).eval()
 
     def forward(tokens: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad(), torch.autocast(device, dtype=autocast or torch.float32, enabled=autocast is not None):
+        with torch.no_grad(), torch.autocast(device, dtype=autocast) if autocast else contextlib.nullcontext():
             return model(tokens, torch.arange(tokens.shape[1], device=device).expand_as(tokens), None).float()
 
     return forward
@@ -409,8 +403,6 @@ def export_05b(tmp_path_factory, megatron_tp1):
     """Qwen2.5-0.5B's shapes, megatron's random init, trained (and exported) with InfiR2's recipe; 64 prompts."""
     from infir.model import build_gpt, get_size, transformer_config
 
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     size, recipe = get_size("qwen2.5-0.5b"), "fp8_blockwise_ue8m0"
     torch.manual_seed(0)
     model = build_gpt(size, transformer_config(size, autocast_dtype=torch.bfloat16), get_recipe(recipe), seq_length=SEQ)
@@ -467,17 +459,18 @@ def test_gpu_transformers_fp8_logits_match_infirs_fp8_forward(export_05b):
 
 
 @pytest.mark.gpu
-def test_gpu_vllm_serves_the_export(export_05b, tmp_path):
+def test_gpu_vllm_serves_the_export(export_05b):
+    """vLLM reads the export's quantization_config as its `fp8` method and generates (the export holds no
+    tokenizer: token ids in, token ids out)."""
     pytest.importorskip("vllm")
-    import subprocess
-    import sys
-
     *_, out, tokens = export_05b
+    gc.collect()
+    torch.cuda.empty_cache()  # vLLM, in its own process, sizes its cache by the memory free on the GPU
     script = (
-        "import sys, json; from vllm import LLM, SamplingParams, TokensPrompt\n"
-        f"llm = LLM(model={str(out)!r}, enforce_eager=True, gpu_memory_utilization=0.3)\n"
+        "from vllm import LLM, SamplingParams\n"
+        f"llm = LLM(model={str(out)!r}, enforce_eager=True, gpu_memory_utilization=0.3, skip_tokenizer_init=True)\n"
         "assert llm.llm_engine.model_config.quantization == 'fp8', llm.llm_engine.model_config.quantization\n"
-        f"prompts = [TokensPrompt(prompt_token_ids=t) for t in {tokens[:8, :16].tolist()!r}]\n"
-        "outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0))\n"
+        f"prompts = [{{'prompt_token_ids': t}} for t in {tokens[:8, :16].tolist()!r}]\n"
+        "outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, detokenize=False))\n"
         "assert all(len(o.outputs[0].token_ids) == 8 for o in outs)\n")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=900)
