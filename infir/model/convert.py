@@ -29,7 +29,8 @@ from typing import Callable
 
 import torch
 
-from infir.model import ckpt_format
+from infir.fp8 import Recipe
+from infir.model import ckpt_format, fp8_export
 from infir.model.hf_config import hf_config, size_from_hf_config, size_name
 from infir.model.qwen import QwenSize, check_parallel
 
@@ -280,15 +281,51 @@ def hf_to_mcore_state(hf_state: dict[str, torch.Tensor], size: QwenSize, tp: int
     return shards
 
 
-def mcore_to_hf_state(shards: list[dict[str, torch.Tensor]], size: QwenSize) -> dict[str, torch.Tensor]:
-    """Megatron TP shards (in rank order) -> HF tensors; a tied model gets no lm_head.weight, as HF saves it."""
+def mcore_to_hf_state(shards: list[dict[str, torch.Tensor]], size: QwenSize, fp8: Recipe | None = None) -> dict[str, torch.Tensor]:
+    """Megatron TP shards (in rank order) -> HF tensors; a tied model gets no lm_head.weight, as HF saves it.
+
+    fp8: the recipe the checkpoint was trained with; the block GEMMs' weights then come as block FP8
+    (fp8_export), each with its `weight_scale_inv`.
+    """
     _check_mcore_shards(shards, size)
     hf: dict[str, torch.Tensor] = {}
+    requantized: dict[str, tuple[int, int]] = {}
     for e in _mapping(size):
-        parts = e.split(_merge_tensor(e.mcore, [s[e.mcore] for s in shards]))
-        # Parts of one fused tensor would share its storage, which safetensors refuses: own copies.
-        hf.update({k: t.clone(memory_format=torch.contiguous_format) if len(parts) > 1 else t for k, t in zip(e.hf, parts)})
+        pieces = [s[e.mcore] for s in shards]
+        hf.update(_to_hf(e, pieces))
+        if fp8 is not None and fp8_export.is_block_gemm(e.mcore):
+            hf.update(_fp8_parts(e, pieces, hf, fp8, requantized))
+    _report_requantized(requantized)
     return hf
+
+
+def _report_requantized(blocks: dict[str, tuple[int, int]]) -> None:
+    """One warning for the FP8 blocks that are not training's bytes (fp8_export.block_fp8 says which)."""
+    if fresh := {k: n for k, (n, _) in blocks.items() if n}:
+        kinds = sorted({k.split(".")[-2] for k in fresh})
+        warnings.warn(f"FP8 export: {sum(fresh.values())} of {sum(t for _, t in blocks.values())} weight blocks (in "
+                      f"{', '.join(kinds)}) hold parts of two of training's 128x128 blocks (megatron's fused tensors split "
+                      "at a row that is not a multiple of 128) and were quantized afresh from the checkpoint's weights; "
+                      "every other block is training's FP8 bytes")
+
+
+def _to_hf(e: _Entry, pieces: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    parts = e.split(_merge_tensor(e.mcore, pieces))
+    # Parts of one fused tensor would share its storage, which safetensors refuses: own copies.
+    return {k: t.clone(memory_format=torch.contiguous_format) if len(parts) > 1 else t for k, t in zip(e.hf, parts)}
+
+
+def _fp8_parts(e: _Entry, pieces: list[torch.Tensor], hf: dict[str, torch.Tensor], recipe: Recipe,
+               requantized: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """Each TP piece's FP8 copy as training makes it, its bytes and scales moved to the HF tensors of
+    `e` as the weights are (training quantizes each rank's shard: its blocks start at the shard's edge)."""
+    data, scales = zip(*(fp8_export.training_fp8(f"{e.mcore} (TP rank {r})", p, recipe) for r, p in enumerate(pieces)))
+    data, scales = _to_hf(e, list(data)), _to_hf(e, list(scales))
+    out = {}
+    for k in e.hf:
+        out[k], out[fp8_export.scale_name(k)], n = fp8_export.block_fp8(data[k], scales[k], hf[k], recipe)
+        requantized[k] = (n, out[fp8_export.scale_name(k)].numel())
+    return out
 
 
 def load_into_model(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -426,11 +463,14 @@ def _tokenizer_dir(meta: dict) -> Path | None:
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def mcore_to_hf(ckpt_dir: str | Path, out_dir: str | Path, dtype: str | None = None, max_shard_size: str = "5GB") -> Path:
+def mcore_to_hf(ckpt_dir: str | Path, out_dir: str | Path, dtype: str | None = None, max_shard_size: str = "5GB",
+                fp8: bool = False) -> Path:
     """Write an infir checkpoint as a HF Qwen2 model directory that transformers and vLLM load.
 
     `ckpt_dir`: anything `ckpt_format.resolve` accepts. `dtype`: cast the weights (e.g. "bfloat16"
-    for an fp32 training checkpoint); None keeps the checkpoint's dtype.
+    for an fp32 training checkpoint); None keeps the checkpoint's dtype. `fp8`: the block GEMMs' weights
+    in block FP8 as training quantizes them (fp8_export), the other tensors in `dtype` (default bfloat16);
+    needs a checkpoint trained with an FP8 recipe.
     """
     from huggingface_hub import save_torch_state_dict
     from transformers import GenerationConfig
@@ -446,16 +486,19 @@ def mcore_to_hf(ckpt_dir: str | Path, out_dir: str | Path, dtype: str | None = N
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; valid: {sorted(DTYPES)}")
 
-    state = mcore_to_hf_state([ckpt_format.load_shard(iter_dir, r) for r in range(tp)], size)
+    recipe = fp8_export.export_recipe(meta, iter_dir) if fp8 else None
+    state = mcore_to_hf_state([ckpt_format.load_shard(iter_dir, r) for r in range(tp)], size, fp8=recipe)
+    dtype = dtype or ("bfloat16" if fp8 else None)
     if dtype is not None:
-        state = {k: v.to(DTYPES[dtype]) for k, v in state.items()}
+        state = {k: v if fp8_export.keeps_dtype(k, v) else v.to(DTYPES[dtype]) for k, v in state.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer_dir = _tokenizer_dir(meta)
     token_ids = _token_ids(meta, tokenizer_dir)
-    weights_dtype = next(iter(state.values())).dtype
+    weights_dtype = state["model.embed_tokens.weight"].dtype  # the high-precision tensors' (FP8 ones aside)
     # Weights first, config.json last: an interrupted conversion leaves no directory that looks loadable.
     save_torch_state_dict(state, out_dir, max_shard_size=max_shard_size, metadata={"format": "pt"})
-    hf_config(size, dtype=weights_dtype, **token_ids).save_pretrained(out_dir)
+    quantized = {"quantization_config": fp8_export.quantization_config()} if fp8 else {}
+    hf_config(size, dtype=weights_dtype, **quantized, **token_ids).save_pretrained(out_dir)
     generation = (meta.get("hf") or {}).get("generation_config")
     (GenerationConfig.from_dict(generation) if generation else GenerationConfig(**token_ids)).save_pretrained(out_dir)
     if tokenizer_dir is not None:
@@ -476,7 +519,11 @@ def _parser() -> argparse.ArgumentParser:
     to_hf = sub.add_parser("mcore-to-hf", help="infir megatron checkpoint -> HF model directory")
     to_hf.add_argument("--ckpt", required=True, type=Path, help="run dir, checkpoints dir or iteration dir")
     to_hf.add_argument("--out", required=True, type=Path, help="new HF model directory")
-    to_hf.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="cast the weights (default: keep)")
+    to_hf.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                       help="cast the weights (default: keep; with --fp8, the tensors left high precision: bfloat16)")
+    to_hf.add_argument("--fp8", action="store_true",
+                       help="block GEMM weights in block FP8 (E4M3, 128x128 scales, as transformers and vLLM load it), "
+                            "the bytes training quantizes; needs a checkpoint trained with an FP8 recipe")
     return parser
 
 
@@ -487,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "hf-to-mcore":
             path = hf_to_mcore(args.hf, args.out, tp=args.tp)
         else:
-            path = mcore_to_hf(args.ckpt, args.out, dtype=args.dtype)
+            path = mcore_to_hf(args.ckpt, args.out, dtype=args.dtype, fp8=args.fp8)
     except (FileNotFoundError, FileExistsError, KeyError, ValueError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         parser.exit(2, f"infir-convert {args.command}: error: {message}\n")

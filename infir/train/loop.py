@@ -371,6 +371,7 @@ class Trainer:
             "model": {k: getattr(self.size, k) for k in self.size.__dataclass_fields__},
             "tokenizer": str(data.tokenizer_dir(self.cfg) or "") or None,
             "precision": self.cfg.precision.name,
+            "recipe": self.cfg.precision.recipe,  # what `infir-convert mcore-to-hf --fp8` quantizes with
             "stage": self.cfg.stage.name,
             "run_name": self.cfg.run_name,
             "data_order": data.order_keys(self.cfg),

@@ -123,6 +123,51 @@ def test_weights_are_quantized_once_per_optimizer_step(demo_root, tmp_path, monk
     distributed.shutdown()
 
 
+def test_fp8_export_of_a_trained_checkpoint_holds_the_trainers_fp8_weights(demo_root, tmp_path):
+    """`infir-convert mcore-to-hf --fp8` on the trainer's own checkpoint: every block the export could take
+    from training (see fp8_export) holds the FP8 bytes and scale the trainer's layers quantize the saved
+    weights to, for the step after it."""
+    import warnings
+
+    from safetensors.torch import load_file
+
+    from infir.fp8 import dequantize
+    from infir.fp8.quantize import quantize_reference
+    from infir.model.convert import mcore_to_hf, mcore_to_hf_state
+    from infir.model.ckpt_format import model_state
+    from infir.model.fp8_linears import fp8_linears_of
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    cfg = compose([*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", f"run_dir={tmp_path / 'run'}",
+                   "stage.iters=2", "stage.seq_length=128"])
+    trainer = Trainer(cfg)
+    for step in range(2):
+        trainer.train_step(step)
+    ckpt = trainer.save()
+    model = trainer.model.module
+    names = {id(m): n for n, m in model.named_modules()}
+    fp8 = {f"{names[id(m)]}.weight": dequantize(m.weight_cache.get(m.weight, m.recipe)) for m in fp8_linears_of(model)}
+    distributed.shutdown()
+    state = model_state(model)
+    want, weights = mcore_to_hf_state([{**state, **fp8}], trainer.size), mcore_to_hf_state([state], trainer.size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tiny model's head_dim of 32 puts two query groups in a block
+        out = load_file(str(mcore_to_hf(ckpt, tmp_path / "hf", fp8=True) / "model.safetensors"))
+    training = fresh = 0
+    for name in (k.removesuffix("_scale_inv") for k in out if k.endswith("weight_scale_inv")):
+        rows, cols = out[name].shape
+        got = out[name].float() * out[name + "_scale_inv"].repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        for block in ((slice(r, r + 128), slice(c, c + 128)) for r in range(0, rows, 128) for c in range(0, cols, 128)):
+            if torch.equal(got[block], want[name][block]):
+                training += 1
+            else:  # a block holding parts of two of training's blocks: quantized from the weight itself
+                assert torch.equal(got[block], dequantize(quantize_reference(weights[name][block], "block", "ue8m0")))
+                fresh += 1
+    assert training > fresh
+
+
 def test_health_monitor_logs_every_fp8_layer_and_the_swiglu_output(demo_root, tmp_path):
     """Every operand of every FP8 linear, read by the monitor's forward hooks. With SwiGLU as FC1's epilogue
     (moss.yaml keeps its input in FP8), FC2's input arrives already in FP8: its amax and saturation are of
