@@ -35,7 +35,8 @@ from tqdm import tqdm
 
 from infir.data.chat import BadSample, ChatFormatter
 from infir.data.fetch_spec import FetchSource, FetchSpec, load_fetch_spec
-from infir.data.hub import FetchError, check_hub, is_network_error, local_copy, open_rows, software_heritage_text
+from infir.data.hub import (FetchError, check_hub, is_network_error, local_copy, open_rows, refused,
+                            software_heritage_text)
 from infir.data.sources import text_problem
 from infir.data.tokenize_corpus import _atomic_write_json
 from infir.data.tokenizer import PIECE_CHARS, TextTokenizer, TextTooLong, load_tokenizer
@@ -259,7 +260,7 @@ def fetch_source(source: FetchSource, folder: Path, docs: Documents, settings: d
             raise FetchInterrupted(f"{source.name}: the stream from {source.hub} broke off after {state['rows']:,} rows "
                                    f"({err}); {state['shards']} shards are kept and rerunning the command resumes "
                                    "after the last of them") from None
-        raise
+        raise refused(source, err) or err
     finally:
         bar.close()
         getattr(it, "close", lambda: None)()

@@ -45,6 +45,15 @@ def unreachable(source: FetchSource, err: BaseException) -> HubUnreachable:
         f"(`hf download {source.hub} --repo-type dataset --local-dir DIR/{source.hub}` where there is network)")
 
 
+def refused(source: FetchSource, err: BaseException) -> FetchError | None:
+    """The hub's answer when it refuses a file (a gated dataset not yet accepted, a private one), as one line."""
+    if not type(err).__module__.startswith("huggingface_hub"):
+        return None
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return FetchError(f"{source.name}: the hub refused a file of {source.hub} ({first}); a gated dataset needs its "
+                      f"terms accepted on https://huggingface.co/datasets/{source.hub} and `hf auth login`")
+
+
 def local_copy(from_dir: Path, source: FetchSource) -> Path:
     path = Path(from_dir) / source.hub
     if not path.is_dir():
