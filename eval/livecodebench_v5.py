@@ -1,7 +1,8 @@
 """LiveCodeBench v5, problems dated 2024-08-01 to 2025-02-01 (the window InfiR2 reports).
 
-HF dataset `livecodebench/code_generation_lite`, read as its raw files test.jsonl .. test5.jsonl
-(release_v5 is the union of v1..v5 files; split train when read by file). Fields: question_id,
+HF dataset `livecodebench/code_generation_lite`, read as its raw files test.jsonl .. test5.jsonl through
+huggingface_hub (release_v5 is the union of the v1..v5 files; the repository's loading script does not
+run under datasets 4 and later). Fields: question_id,
 question_content, starter_code, contest_date, public_test_cases (JSON), private_test_cases (JSON or
 base64(zlib(pickle(JSON)))), metadata (JSON with func_name for LeetCode-style problems).
 Reference sampling (eval/README.md): 8 samples, up to 27,000 new tokens."""

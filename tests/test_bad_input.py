@@ -122,6 +122,25 @@ def _eval(model, *overrides) -> list[str]:
     return ["run", f"model={model}", *overrides, "out_dir={out}/eval"]
 
 
+CPT_SPEC = Path(__file__).resolve().parents[1] / "data_prep" / "mixtures" / "infir2_cpt.yaml"
+
+
+def _fetch(spec, *flags) -> list[str]:
+    return ["fetch", "--spec", str(spec), "--root", "{out}", "--tokenizer", TOK, *flags]
+
+
+def _tampered_bundle(tmp: Path) -> Path:
+    """A bundle of AIME 2024's sample problems, one answer changed after it was written."""
+    from infir.eval.benchmarks import get_benchmark
+    from infir.eval.bundle import write_records
+
+    sample = get_benchmark("aime24").sample_file
+    write_records(tmp / "bundle", "aime24", map(json.loads, sample.read_text().splitlines()), {})
+    path = tmp / "bundle" / "aime24.jsonl"
+    path.write_text(path.read_text().replace('"answer": "', '"answer": "9', 1))
+    return tmp / "bundle"
+
+
 CASES = {
     # ---- infir-prep
     "prep pretrain: missing input": ("infir-prep", lambda t, g: (
@@ -156,6 +175,15 @@ CASES = {
         _prep("sft", g / "docs.jsonl", seq_length="many"), "argument --seq-length: invalid int value: 'many'")),
     "prep sft: seq-length too small": ("infir-prep", lambda t, g: (
         _prep("sft", g / "docs.jsonl", seq_length="1"), "seq_length must be >= 2, got 1")),
+    "prep fetch: missing spec": ("infir-prep", lambda t, g: (
+        _fetch(t / "nope.yaml"), f"fetch spec {t / 'nope.yaml'} does not exist")),
+    "prep fetch: a mixture without sources": ("infir-prep", lambda t, g: (
+        _fetch(_write(t / "m.yaml", b"phases: [{tokens: 1, sources: [{prefix: a, weight: 1}]}]\n")),
+        "a fetch spec needs a mapping 'sources'")),
+    "prep fetch: budget not a number": ("infir-prep", lambda t, g: (
+        _fetch(CPT_SPEC, "--tokens-per-source", "many"), "not a number of tokens: 'many'")),
+    "prep fetch: no local copy": ("infir-prep", lambda t, g: (
+        _fetch(CPT_SPEC, "--from-dir", str(t)), "hf download HuggingFaceFW/fineweb --repo-type dataset")),
     # ---- infir-convert
     "convert: missing hf dir": ("infir-convert", lambda t, g: (
         ["hf-to-mcore", "--hf", str(t / "nope"), "--out", "{out}/o"], f"--hf {t / 'nope'}: no such directory")),
@@ -226,6 +254,13 @@ CASES = {
     "eval compare: summary of the wrong type": ("infir-eval", lambda t, g: (
         ["compare", str(_damaged(g, t, "eval", "summary.json", _garbage(b'{"label": "x"}')))],
         f"{t / 'eval' / 'summary.json'} is not an `infir-eval run` summary")),
+    "eval: not a bundle": ("infir-eval", lambda t, g: (
+        _eval(g / "hf", "benchmarks=[aime24]", f"source=bundle:{t}"), f"{t} is not a benchmark bundle")),
+    "eval: bundle file changed": ("infir-eval", lambda t, g: (
+        _eval(g / "hf", "benchmarks=[aime24]", f"source=bundle:{_tampered_bundle(t)}"),
+        f"{t / 'bundle' / 'aime24.jsonl'} does not match the bundle's manifest")),
+    "eval bundle: unknown benchmark": ("infir-eval", lambda t, g: (
+        ["bundle", "{out}/bundle", "--benchmarks", "nope"], "unknown benchmark 'nope'")),
     # ---- infir-train
     "train: missing dataset": ("infir-train", lambda t, g: (
         _pretrain(t / "nope"), f"data.sources.pretrain='{t / 'nope'}' is not valid")),

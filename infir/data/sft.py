@@ -20,6 +20,7 @@ import random
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -37,30 +38,34 @@ def mask_prefix(prefix: str | Path) -> str:
 
 
 def prepare_sft(
-    input_path: Path | str,
+    inputs: Path | str | Sequence[Path | str],
     output_prefix: Path | str,
     tokenizer_dir: Path | str,
     seq_length: int,
     overlong: str = "drop",
     progress: bool = True,
 ) -> dict:
-    """Tokenize a chat jsonl into PREFIX (tokens) + PREFIX.lossmask; returns the stats."""
+    """Tokenize chat rows (one jsonl/parquet file, or several read in order) into PREFIX (tokens) +
+    PREFIX.lossmask; returns the stats."""
     if overlong not in OVERLONG_POLICIES:
         raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {overlong!r}")
     if seq_length < 2:
         raise ValueError(f"seq_length must be >= 2, got {seq_length}")
-    input_path = Path(input_path)
-    if not input_path.exists():
-        raise FileNotFoundError(f"input {input_path} does not exist")
+    inputs = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
+    if not inputs:
+        raise ValueError("no input files given")
+    for path in inputs:
+        if not path.exists():
+            raise FileNotFoundError(f"input {path} does not exist")
     fmt = ChatFormatter(tokenizer_dir)
     output_prefix = str(output_prefix)
     Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
     outputs = [output_prefix + ".bin", output_prefix + ".idx", mask_prefix(output_prefix) + ".bin",
                mask_prefix(output_prefix) + ".idx"]
     with staged(*outputs) as partial:
-        counts, skipped, skipped_lines = _write_samples(input_path, partial, fmt, seq_length, overlong, progress)
+        counts, skipped, skipped_lines = _write_samples(inputs, partial, fmt, seq_length, overlong, progress)
         if not counts["samples"]:
-            raise no_documents([input_path], "sample", dict(skipped), [_example(e) for e in skipped_lines[:1]],
+            raise no_documents(inputs, "sample", dict(skipped), [_example(e) for e in skipped_lines[:1]],
                                _fix_for(skipped))
     stats = {
         "output": output_prefix, "seq_length": seq_length, "overlong": overlong,
@@ -88,9 +93,9 @@ def _example(entry: dict) -> str:
     return f"{entry['file']}:{entry['line']}: {entry['reason']}"
 
 
-def _write_samples(input_path: Path, outputs: list[str], fmt: ChatFormatter, seq_length: int, overlong: str,
+def _write_samples(inputs: list[Path], outputs: list[str], fmt: ChatFormatter, seq_length: int, overlong: str,
                    progress: bool) -> tuple[Counter, Counter, list[dict]]:
-    """Write every usable row of the jsonl as one sequence of tokens and one of loss mask, to
+    """Write every usable row of the inputs as one sequence of tokens and one of loss mask, to
     ``outputs`` (tokens .bin, .idx, masks .bin, .idx).
 
     Returns the counts (samples, tokens, loss_tokens, truncated), the skipped rows by reason, and
@@ -104,10 +109,12 @@ def _write_samples(input_path: Path, outputs: list[str], fmt: ChatFormatter, seq
     counts = Counter()
     skipped: Counter = Counter()
     skipped_lines = []
-    rows = (r for shard in plan_shards(input_path, target_bytes=1 << 62) for r in iter_rows(shard))
-    bar = tqdm(unit=" samples", disable=not progress, desc=f"sft {input_path.name}", file=sys.stderr)
+    rows = ((shard.path, *r) for path in inputs for shard in plan_shards(path, target_bytes=1 << 62)
+            for r in iter_rows(shard))
+    name = inputs[0].name if len(inputs) == 1 else f"{len(inputs)} files"
+    bar = tqdm(unit=" samples", disable=not progress, desc=f"sft {name}", file=sys.stderr)
     try:
-        for line, row, reason in rows:
+        for path, line, row, reason in rows:
             bar.update()
             if reason is None:
                 try:
@@ -116,7 +123,7 @@ def _write_samples(input_path: Path, outputs: list[str], fmt: ChatFormatter, seq
                     reason = str(err)
             if reason is not None:
                 skipped[reason.split(" (")[0]] += 1
-                skipped_lines.append({"file": str(input_path), "line": line, "reason": reason})
+                skipped_lines.append({"file": str(path), "line": line, "reason": reason})
                 continue
             tokens_out.add_document(np.asarray(ids, dtype=dtype), [len(ids)])
             masks_out.add_document(np.asarray(mask, dtype=np.uint8), [len(mask)])

@@ -188,21 +188,24 @@ def iter_rows(shard: Shard) -> Iterator[tuple[int, Any, str | None]]:
             yield shard.first_line + i, row, None
 
 
+def text_problem(row: dict, text_key: str) -> str | None:
+    """Why ``row[text_key]`` is not a trainable document, or None when it is."""
+    if text_key not in row:
+        return f"missing field '{text_key}'"
+    if not isinstance(row[text_key], str):
+        return f"field '{text_key}' is {type(row[text_key]).__name__}, not a string"
+    if not row[text_key].strip():
+        return "empty document"
+    if not _encodable(row[text_key]):
+        return "text holds a lone UTF-16 surrogate (an escaped \\ud8xx in the json)"
+    return None
+
+
 def iter_texts(shard: Shard, text_key: str) -> Iterator[Record]:
     """The ``text_key`` field of each row, or why the row is skipped."""
     for line, row, reason in iter_rows(shard):
-        if reason is not None:
-            yield Record(line, skip=reason)
-        elif text_key not in row:
-            yield Record(line, skip=f"missing field '{text_key}'")
-        elif not isinstance(row[text_key], str):
-            yield Record(line, skip=f"field '{text_key}' is {type(row[text_key]).__name__}, not a string")
-        elif not row[text_key].strip():
-            yield Record(line, skip="empty document")
-        elif not _encodable(row[text_key]):
-            yield Record(line, skip="text holds a lone UTF-16 surrogate (an escaped \\ud8xx in the json)")
-        else:
-            yield Record(line, value=row[text_key])
+        reason = reason if reason is not None else text_problem(row, text_key)
+        yield Record(line, skip=reason) if reason is not None else Record(line, value=row[text_key])
 
 
 def _encodable(text: str) -> bool:

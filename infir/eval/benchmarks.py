@@ -1,8 +1,9 @@
 """Benchmark registry: each file `eval/<name>.py` declares one `BENCHMARK = Benchmark(...)`.
 
-A benchmark says where its problems come from (a public HF dataset id, or a local jsonl/parquet file
-or directory in the same schema), how one record becomes a `Problem` (prompt, gold answer or tests),
-which grader applies and its reference sampling. Adding a benchmark is adding a file; the directory
+A benchmark says where its problems come from (a public HF dataset id, a bundle written by
+`infir-eval bundle` (infir.eval.bundle), or a local jsonl/parquet file or directory in the same schema),
+how one record becomes a `Problem` (prompt, gold answer or tests), which grader applies and its
+reference sampling. Adding a benchmark is adding a file; the directory
 is `eval/` beside the package, or `$INFIR_EVAL_BENCHMARKS` to use your own set.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from infir.eval.bundle import bundle_dir, read_records
 
 GRADERS = ("math", "choice", "code")
 
@@ -55,7 +58,7 @@ class Benchmark:
     sample_file: Path | None = None  # the small set we ship, in the dataset's schema (tests, smoke runs)
     hf_config: str | tuple[str, ...] | None = None  # a tuple: configs read one after the other
     split: str = "test"
-    hf_data_files: tuple[str, ...] = ()  # for datasets published as raw files (LiveCodeBench)
+    hf_data_files: tuple[str, ...] = ()  # raw jsonl files of the repository, read through huggingface_hub (LiveCodeBench)
     keep: Callable[[dict], bool] = lambda record: True  # e.g. LiveCodeBench's contest date window
     sampling: Sampling = field(default_factory=Sampling)
     letters: str = "ABCD"  # for "choice"
@@ -120,28 +123,50 @@ def _read_local(path: Path) -> Iterator[dict]:
             raise ValueError(f"{file}: local benchmark files must be .jsonl or .parquet")
 
 
-def _read_hub(bench: Benchmark) -> Iterator[dict]:
+class HubError(RuntimeError):
+    """The hub did not give a benchmark's records (no network, a gated dataset, a moved file)."""
+
+
+def _raw_files(bench: Benchmark) -> Iterator[dict]:
+    """The records of a dataset published as jsonl files. LiveCodeBench's repository loads through a
+    script, which `datasets` no longer runs (4.0 and later); its files read the same under any version."""
+    from huggingface_hub import hf_hub_download
+
+    for name in bench.hf_data_files:
+        with open(hf_hub_download(bench.hf_id, name, repo_type="dataset")) as f:
+            yield from (json.loads(line) for line in f if line.strip())
+
+
+def hub_records(bench: Benchmark) -> Iterator[dict]:
+    """The benchmark's records from the HF hub, in the hub's order."""
     import datasets
 
-    kwargs = {"data_files": list(bench.hf_data_files)} if bench.hf_data_files else {}
     configs = bench.hf_config if isinstance(bench.hf_config, tuple) else (bench.hf_config,)
     try:
-        for config in configs:
-            yield from datasets.load_dataset(bench.hf_id, config, split=bench.split, **kwargs)
+        if bench.hf_data_files:
+            yield from _raw_files(bench)
+        else:
+            for config in configs:
+                yield from datasets.load_dataset(bench.hf_id, config, split=bench.split)
     except Exception as e:
-        raise RuntimeError(
-            f"{bench.name}: could not load {bench.hf_id} ({bench.hf_config or 'default'}, split {bench.split}): {e}. "
-            f"Without network access, download it elsewhere and pass a local file: sources.{bench.name}=/path/to.jsonl"
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise HubError(
+            f"{bench.name}: could not load {bench.hf_id} ({bench.hf_config or 'default'}, split {bench.split}): {first}. "
+            f"Without network access, write a bundle where there is (`infir-eval bundle DIR`) and run with "
+            f"source=bundle:DIR, or pass a local file: sources.{bench.name}=/path/to.jsonl"
         ) from e
 
 
 def load_problems(bench: Benchmark, source: str = "hub", seed: int = 0, limit: int | None = None) -> list[Problem]:
-    """Problems of `bench` from `source`: "hub" (its HF dataset id), "samples" (the shipped set) or a
-    local .jsonl/.parquet file or directory in the dataset's schema."""
+    """Problems of `bench` from `source`: "hub" (its HF dataset id), "samples" (the shipped set),
+    "bundle:DIR" (a bundle, checksums verified) or a local .jsonl/.parquet file or directory in the
+    dataset's schema."""
     if bench.records is not None:
         records = bench.records()
     elif source == "hub":
-        records = _read_hub(bench)
+        records = hub_records(bench)
+    elif bundle_dir(source) is not None:
+        records = read_records(bundle_dir(source), bench.name)
     elif source == "samples":
         if bench.sample_file is None:
             raise ValueError(f"{bench.name} ships no sample set; use sources.{bench.name}=hub or a local path")
@@ -149,7 +174,8 @@ def load_problems(bench: Benchmark, source: str = "hub", seed: int = 0, limit: i
     else:
         path = Path(source).expanduser()
         if not path.exists():
-            raise FileNotFoundError(f"{bench.name}: source {source!r} is neither 'hub', 'samples' nor an existing path")
+            raise FileNotFoundError(f"{bench.name}: source {source!r} is neither 'hub', 'samples', 'bundle:DIR' "
+                                    "nor an existing path")
         records = _read_local(path)
     problems = []
     for record in records:

@@ -59,7 +59,7 @@ class EvalConfig:
     benchmarks: list[str] = field(default_factory=lambda: ["aime24", "aime25", "gpqa_diamond", "livecodebench_v5"])
     out_dir: Optional[str] = None  # default: eval_runs/<model dir name>
     label: Optional[str] = None  # the row name in `infir-eval compare`; default: out_dir's name
-    source: str = "hub"  # hub | samples | a path: where every benchmark's problems come from ...
+    source: str = "hub"  # hub | samples | bundle:DIR | a path: where every benchmark's problems come from ...
     sources: dict[str, str] = field(default_factory=dict)  # ... unless named here per benchmark
     limit: Optional[int] = None  # the first N problems of each benchmark (smoke runs)
     seed: int = 0
@@ -81,6 +81,8 @@ def _apply_overrides(cfg, overrides: list[str]) -> None:
 
     for override in OverridesParser.create().parse_overrides(overrides):
         key = override.key_or_group
+        if key == "sources" and isinstance(override.value(), str):
+            key = "source"  # `sources=bundle:DIR`: one source for every benchmark
         if override.is_delete():
             raise ValueError(f"override {override.input_line!r}: deleting keys is not supported")
         if override.is_sweep_override():
