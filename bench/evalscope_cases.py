@@ -360,3 +360,21 @@ def code_cases(seed: int, count: int) -> list[dict]:
         cases.append({"id": f"code-{seed}-{i}", "problem": problem, "note": note,
                       "response": code_response(rng, program, draft)})
     return cases
+
+
+# Fuzz: random strings of the pieces the extraction and normalization rules react to, for those string
+# rules alone (no equivalence check): every branch of them, in orders no model would write.
+_PIECES = ["\\boxed{", "\\boxed ", "{", "}", "\\frac", "\\dfrac", "\\tfrac", "1", "2", "07", "10", ".", ",", "-", "+",
+           "x", "y=", "k =", "=", "\\text{", "\\textbf{", "cm", "inches", "}^2", "and", "\\$", "$", "%", "\\%",
+           "\\left(", "\\right)", "(", ")", "[", "]", "\\{", "\\}", "^\\circ", "^{\\circ}", "\\sqrt", "\\sqrt3", " ",
+           "\n", "The answer is ", "the answer is: ", "final answer is ", "final answer is $", "$. I hope",
+           "答案是", "</think>", "<think>", "```", "```python\n", "A", "B", "c", "D", "E", "inf", "infinity",
+           "\\infty", "j", "i", "five", "Twelve", "point", "\\mbox{", "\\!", "\\begin{array}{cc}", "\\end{array}",
+           "\\begin{pmatrix}", "\\end{pmatrix}", "bmatrix", "\\\\", "&", "/", "sqrt", "th", "grade", "x\\in",
+           "\\to", "\\emptyset", "(-\\infty,\\infty)", "\\neq", "\\leq", "\\geq", "\\mathbf", ":", "3.000", ".5",
+           " .5", "{.5", "12th grade", "\u043a\u0438", "\n\n", "1,2", "-3, 4", "0.50"]
+
+
+def fuzz_cases(seed: int, count: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"id": f"fuzz-{seed}-{i}", "text": "".join(rng.choices(_PIECES, k=rng.randint(1, 14)))} for i in range(count)]

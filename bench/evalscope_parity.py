@@ -9,12 +9,12 @@ Two steps, because EvalScope 0.17 pins `datasets==3.2.0` and cannot live in infi
        python -m venv --system-site-packages /tmp/es && /tmp/es/bin/pip install --no-deps evalscope==0.17.1 \\
            word2number modelscope jsonlines sacrebleu
        /tmp/es/bin/python bench/evalscope_parity.py record
-   writes EvalScope's extractions and verdicts for every response, its prompts for the bundled sample
-   problems and its metrics on random verdicts to tests/fixtures/evalscope/ (tests/eval/test_evalscope_parity.py
-   holds infir to them).
+   writes EvalScope's extractions and verdicts for every response (`record math` etc. for one set), its
+   prompts for the bundled sample problems and its metrics on random verdicts to tests/fixtures/evalscope/
+   (tests/eval/test_evalscope_parity.py holds infir to them).
 2. `report`, in infir's environment: `python bench/evalscope_parity.py report` grades the same responses
-   with infir and writes the agreement per grader and split, and every disagreement with its
-   explanation, to bench/results/<date>-<commit>/evalscope_parity.{md,json}.
+   with infir and writes the agreement per grader and split, and every disagreement, to
+   bench/results/<date>-<commit>/evalscope_parity.{md,json}.
 """
 from __future__ import annotations
 
@@ -30,10 +30,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "evalscope"
-sys.path.insert(0, str(REPO / "bench"))
-from evalscope_cases import HELDOUT_SEED, TUNE_SEED, choice_cases, code_cases, code_problems, math_cases  # noqa: E402
+sys.path[:0] = [str(REPO), str(REPO / "bench")]  # this checkout's infir, whatever is installed
+from evalscope_cases import (HELDOUT_SEED, TUNE_SEED, choice_cases, code_cases, code_problems,  # noqa: E402
+                             fuzz_cases, math_cases)
 
-SIZES = {"math": 1000, "choice": 600, "code": 600}  # responses per split
+SIZES = {"math": 1000, "choice": 600, "code": 600, "fuzz": 3000}  # responses per split
 SPLITS = {"tune": TUNE_SEED, "heldout": HELDOUT_SEED}
 FILTERS = {"filters": {"remove_until": "</think>"}}  # as InfiR2's eval scripts configure every benchmark
 LCB_TIMEOUT_S = 6  # EvalScope's default per-test limit for LiveCodeBench
@@ -114,6 +115,21 @@ def record_code(cases: list[dict]) -> list[dict]:
     return rows
 
 
+def record_fuzz(cases: list[dict]) -> list[dict]:
+    """The string rules alone on fuzz text: the math answer as extracted and normalized, the text
+    normalized as a gold answer, the GPQA letter and the program."""
+    import evalscope.benchmarks.gpqa.gpqa_adapter  # noqa: F401
+    import evalscope.benchmarks.math_500.math_500_adapter  # noqa: F401
+    from evalscope.benchmarks.live_code_bench.extract_utils import extract_code_generation
+    from evalscope.metrics.math_parser import strip_answer_string
+
+    math, choice = _adapter("math_500"), _adapter("gpqa")
+    return [{**case, "es_math": math.parse_pred_result(case["text"], {}, eval_type="service"),
+             "es_gold": strip_answer_string(case["text"]),
+             "es_choice": choice.parse_pred_result(case["text"], {}, eval_type="service"),
+             "es_code": extract_code_generation(case["text"].rsplit("</think>", 1)[-1])} for case in cases]
+
+
 def record_prompts() -> list[dict]:
     """EvalScope's prompt (and system prompt) for each bundled sample problem, in file order; GPQA's
     options shuffled by the global RNG seeded as EvalScope seeds it (TaskConfig.seed = 42)."""
@@ -166,12 +182,16 @@ def environment() -> dict:
     return env
 
 
-def record() -> None:
+RECORDERS = {"math": (math_cases, record_math), "choice": (choice_cases, record_choice),
+             "code": (code_cases, record_code), "fuzz": (fuzz_cases, record_fuzz)}
+
+
+def record(kinds: list[str]) -> None:
     env = environment()
     if env["evalscope"] != "0.17.1":
         sys.exit(f"record needs evalscope 0.17.1 (found {env['evalscope']}); see this script's docstring for the venv")
-    for kind, make, grade in [("math", math_cases, record_math), ("choice", choice_cases, record_choice),
-                              ("code", code_cases, record_code)]:
+    for kind in kinds:
+        make, grade = RECORDERS[kind]
         rows = []
         for split, seed in SPLITS.items():
             rows += [{"split": split, **row} for row in grade(make(seed, SIZES[kind]))]
@@ -184,9 +204,6 @@ def record() -> None:
 
 
 # ---------------------------------------------------------------- report (infir's environment)
-# Known reasons infir and EvalScope part ways, each a predicate over a disagreeing row; a row none of
-# them explains is reported as unexplained.
-EXPLANATIONS: list[tuple[str, object]] = []
 
 
 def _grade_math(row: dict) -> dict:
@@ -216,17 +233,21 @@ def _grade_code(row: dict, problems: dict) -> dict:
     return {"extracted": verdict.extracted or "", "correct": verdict.correct, "reason": reason}
 
 
+FIELDS = {"math": ["extracted", "gold", "correct"], "choice": ["extracted", "correct"], "code": ["extracted", "correct"],
+          "fuzz": ["math", "gold", "choice", "code"]}
+
+
 def _differences(kind: str, row: dict, mine: dict) -> list[str]:
-    fields = {"math": ["extracted", "gold", "correct"], "choice": ["extracted", "correct"],
-              "code": ["extracted", "correct"]}[kind]
-    return [f for f in fields if mine[f] != row[f"es_{f}"]]
+    return [f for f in FIELDS[kind] if mine[f] != row[f"es_{f}"]]
 
 
-def _explain(kind: str, row: dict, mine: dict) -> str:
-    for text, applies in EXPLANATIONS:
-        if applies(kind, row, mine):
-            return text
-    return "UNEXPLAINED"
+def _fuzz(row: dict) -> dict:
+    from infir.eval.extract import extract_choice, extract_code, final_text, stated_answer
+    from infir.eval.math_answers import normalize_answer
+
+    text = final_text(row["text"])
+    return {"math": normalize_answer(normalize_answer(stated_answer(text))), "gold": normalize_answer(row["text"]),
+            "choice": extract_choice(text), "code": extract_code(text) or ""}
 
 
 def grade_all(kind: str, rows: list[dict]) -> list[dict]:
@@ -236,21 +257,19 @@ def grade_all(kind: str, rows: list[dict]) -> list[dict]:
         problems = json.loads((FIXTURES / "code_problems.json").read_text())
         with ThreadPoolExecutor(4) as pool:  # sandboxed runs are independent processes
             return list(pool.map(lambda r: _grade_code(r, problems), rows))
-    return [(_grade_math if kind == "math" else _grade_choice)(r) for r in rows]
+    return [{"math": _grade_math, "choice": _grade_choice, "fuzz": _fuzz}[kind](r) for r in rows]
 
 
 def summarize(kind: str, rows: list[dict], graded: list[dict]) -> dict:
+    """Per split: how often each field agrees, and every row where one does not."""
     out = {}
     for split in SPLITS:
-        pairs = [(r, m) for r, m in zip(rows, graded) if r["split"] == split and r["es_correct"] is not None]
-        verdicts = sum(r["es_correct"] == m["correct"] for r, m in pairs)
-        extractions = sum(r["es_extracted"] == m["extracted"] for r, m in pairs)
-        out[split] = {"responses": len(pairs), "verdict_agreement": verdicts / len(pairs),
-                      "extraction_agreement": extractions / len(pairs),
-                      "evalscope_correct": sum(r["es_correct"] for r, _ in pairs),
-                      "disagreements": [{"id": r["id"], "fields": diff, "response": r["response"][-300:],
-                                         "evalscope": {f: r[f"es_{f}"] for f in diff},
-                                         "infir": {f: m[f] for f in diff}, "why": _explain(kind, r, m)}
+        pairs = [(r, m) for r, m in zip(rows, graded) if r["split"] == split and r.get("es_correct", True) is not None]
+        agree = {f: sum(r[f"es_{f}"] == m[f] for r, m in pairs) / len(pairs) for f in FIELDS[kind]}
+        out[split] = {"responses": len(pairs), "agreement": agree,
+                      "evalscope_correct": sum(r.get("es_correct", False) for r, _ in pairs),
+                      "disagreements": [{"id": r["id"], "fields": diff, "response": (r.get("response") or r["text"])[-300:],
+                                         "evalscope": {f: r[f"es_{f}"] for f in diff}, "infir": {f: m[f] for f in diff}}
                                         for r, m in pairs if (diff := _differences(kind, r, m))]}
     return out
 
@@ -267,18 +286,22 @@ def render(results: dict, env: dict) -> str:
              "- responses: bench/evalscope_cases.py, seed 1 = tuning set, seed 2 = held-out set (made before any tuning)",
              "", "| grader | split | responses | verdict agreement | extraction agreement | EvalScope correct |",
              "|---|---|---|---|---|---|"]
-    for kind, splits in results.items():
-        for split, s in splits.items():
-            lines.append(f"| {kind} | {split} | {s['responses']} | {100 * s['verdict_agreement']:.2f}% | "
-                         f"{100 * s['extraction_agreement']:.2f}% | {s['evalscope_correct']} |")
+    for kind in ("math", "choice", "code"):
+        for split, s in results[kind].items():
+            lines.append(f"| {kind} | {split} | {s['responses']} | {100 * s['agreement']['correct']:.2f}% | "
+                         f"{100 * s['agreement']['extracted']:.2f}% | {s['evalscope_correct']} |")
     lines += ["", "Code: the extraction is the program each picks; the verdict is each one's run of it (EvalScope's "
-              "harness in a process, infir's in its sandbox).", "", "### Every disagreement", ""]
+              "harness in a process, infir's in its sandbox). Math: the extraction is the normalized answer.", "",
+              "The string rules alone on fuzz text (random strings of the pieces they react to):", "",
+              "| split | texts | math answer | gold normalization | GPQA letter | program |", "|---|---|---|---|---|---|"]
+    for split, s in results["fuzz"].items():
+        lines.append(f"| {split} | {s['responses']} | " + " | ".join(f"{100 * s['agreement'][f]:.2f}%" for f in FIELDS["fuzz"]) + " |")
+    lines += ["", "### Every disagreement", ""]
     for kind, splits in results.items():
         for split, s in splits.items():
-            for d in s["disagreements"]:
-                lines += [f"- {kind}/{split} `{d['id']}` ({', '.join(d['fields'])}): EvalScope {json.dumps(d['evalscope'], ensure_ascii=False)}, "
-                          f"infir {json.dumps(d['infir'], ensure_ascii=False)}. Why: {d['why']}",
-                          f"  response tail: `{json.dumps(d['response'][-160:], ensure_ascii=False)}`"]
+            lines += [f"- {kind}/{split} `{d['id']}` ({', '.join(d['fields'])}): EvalScope "
+                      f"{json.dumps(d['evalscope'], ensure_ascii=False)}, infir {json.dumps(d['infir'], ensure_ascii=False)}; "
+                      f"text tail `{json.dumps(d['response'][-160:], ensure_ascii=False)}`" for d in s["disagreements"]]
     if not any(s["disagreements"] for splits in results.values() for s in splits.values()):
         lines.append("(none)")
     return "\n".join(lines) + "\n"
@@ -287,10 +310,10 @@ def render(results: dict, env: dict) -> str:
 def report() -> None:
     env = json.loads((FIXTURES / "environment.json").read_text())
     results = {}
-    for kind in ("math", "choice", "code"):
+    for kind in RECORDERS:
         rows = read_jsonl(FIXTURES / f"{kind}.jsonl")
         results[kind] = summarize(kind, rows, grade_all(kind, rows))
-        print(kind, {split: round(100 * s["verdict_agreement"], 2) for split, s in results[kind].items()}, flush=True)
+        print(kind, {split: len(s["disagreements"]) for split, s in results[kind].items()}, "disagreements", flush=True)
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     out = REPO / "bench" / "results" / f"{date}-{_git_commit()}"
     out.mkdir(parents=True, exist_ok=True)
@@ -302,8 +325,11 @@ def report() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("step", choices=["record", "report"])
+    parser.add_argument("kinds", nargs="*", help=f"record: which response sets to record again, of {list(RECORDERS)} (default: all)")
     args = parser.parse_args()
-    record() if args.step == "record" else report()
+    if unknown := set(args.kinds) - set(RECORDERS):  # argparse's `choices` refuses an empty "*" list
+        parser.error(f"unknown response sets {sorted(unknown)}; choose from {list(RECORDERS)}")
+    record(args.kinds or list(RECORDERS)) if args.step == "record" else report()
 
 
 if __name__ == "__main__":
