@@ -31,6 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "evalscope"
 sys.path[:0] = [str(REPO), str(REPO / "bench")]  # this checkout's infir, whatever is installed
+from result_file import write_result  # noqa: E402
 from evalscope_cases import (HELDOUT_SEED, TUNE_SEED, choice_cases, code_cases, code_problems,  # noqa: E402
                              fuzz_cases, math_cases)
 
@@ -281,7 +282,7 @@ def _git_commit() -> str:
 def render(results: dict, env: dict) -> str:
     lines = ["## EvalScope parity: infir's graders against EvalScope's on the same responses", "",
              f"- EvalScope {env['evalscope']} recorded with " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "evalscope"),
-             f"- command: `python bench/evalscope_parity.py report` (infir {_git_commit()})",
+             "- command: `python bench/evalscope_parity.py report`",
              f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
              "- responses: bench/evalscope_cases.py, seed 1 = tuning set, seed 2 = held-out set (made before any tuning)",
              "", "| grader | split | responses | verdict agreement | extraction agreement | EvalScope correct |",
@@ -317,8 +318,9 @@ def report() -> None:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     out = REPO / "bench" / "results" / f"{date}-{_git_commit()}"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "evalscope_parity.md").write_text(render(results, env))
-    (out / "evalscope_parity.json").write_text(json.dumps({"environment": env, "results": results}, indent=1, ensure_ascii=False) + "\n")
+    text = render(results, env)
+    (out / "evalscope_parity.md").write_text(text)
+    write_result(out / "evalscope_parity.md", text)  # its tables as the JSON bench/report.py reads
     print(f"wrote {out / 'evalscope_parity.md'}")
 
 
