@@ -69,7 +69,7 @@ run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, rememb
 }
 for stage in "$@"; do
   case $stage in
-    # Only the modules holding gpu tests: the rest import packages (math-verify, datasets) a bare device lacks.
+    # Only the modules holding gpu tests: the rest import packages (word2number, latex2sympy2_extended, datasets) a bare device lacks.
     tests)
       if [ -n "${DATA:-}" ]; then export INFIR_TEST_DEMO_DATA=$(realpath "$DATA"); fi
       run tests python3 -m pytest -q -m gpu -p no:cacheprovider $(grep -rl --include='*.py' "mark.gpu" tests | sort) ;;

@@ -6,7 +6,7 @@ from infir.eval.benchmarks import Benchmark, Problem, Sampling
 from infir.eval.prompts import math_prompt
 
 
-def to_problem(record: dict, seed: int) -> Problem:
+def to_problem(record: dict, rng) -> Problem:
     return Problem(id=str(record["id"]), prompt=math_prompt(record["problem"]), answer=str(record["answer"]))
 
 

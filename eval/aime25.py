@@ -7,7 +7,7 @@ from infir.eval.benchmarks import Benchmark, Problem, Sampling
 from infir.eval.prompts import math_prompt, stable_id
 
 
-def to_problem(record: dict, seed: int) -> Problem:
+def to_problem(record: dict, rng) -> Problem:
     return Problem(id=stable_id(record["question"]), prompt=math_prompt(record["question"]), answer=str(record["answer"]))
 
 

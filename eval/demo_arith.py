@@ -12,7 +12,7 @@ def records():
     return arithmetic_problems(N_PROBLEMS, seed=EVAL_SEED)
 
 
-def to_problem(record: dict, seed: int) -> Problem:
+def to_problem(record: dict, rng) -> Problem:
     # the bare question: the demo's SFT data asks it that way, and the solution ends with \boxed{N}
     return Problem(id=stable_id(record["question"]), prompt=record["question"], answer=record["answer"])
 

@@ -6,7 +6,7 @@ from infir.eval.benchmarks import Benchmark, Problem, Sampling
 from infir.eval.prompts import math_prompt, stable_id
 
 
-def to_problem(record: dict, seed: int) -> Problem:
+def to_problem(record: dict, rng) -> Problem:
     final = record["answer"].rsplit("####", 1)[-1].strip().replace(",", "")
     return Problem(id=stable_id(record["question"]), prompt=math_prompt(record["question"]), answer=final)
 

@@ -1,12 +1,13 @@
 """MATH-500 (the PRM800K test subset of MATH). HF dataset `HuggingFaceH4/MATH-500` (split test;
-fields problem, solution, answer, subject, level, unique_id). Answers are LaTeX: graded by math-verify."""
+fields problem, solution, answer, subject, level, unique_id). Answers are LaTeX, graded as EvalScope grades them
+(infir.eval.math_answers)."""
 from pathlib import Path
 
 from infir.eval.benchmarks import Benchmark, Problem, Sampling
 from infir.eval.prompts import math_prompt
 
 
-def to_problem(record: dict, seed: int) -> Problem:
+def to_problem(record: dict, rng) -> Problem:
     return Problem(id=record["unique_id"], prompt=math_prompt(record["problem"]), answer=record["answer"])
 
 

@@ -1,7 +1,7 @@
 """Arithmetic word problems with step-by-step solutions: the project's own reasoning data.
 
 Each problem is a dict ``{"question", "solution", "answer"}``; the solution states every step as an
-equation and ends with ``The answer is \\boxed{N}.`` so the math-verify grader reads it like a
+equation and ends with ``The answer is \\boxed{N}.`` so the math grader reads it like a
 real benchmark answer.
 
 Train / eval split (held-out by construction, not by luck): every problem falls in one of

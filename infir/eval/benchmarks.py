@@ -12,6 +12,7 @@ import functools
 import importlib.util
 import json
 import os
+import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +55,9 @@ class Benchmark:
     name: str
     grader: str
     hf_id: str
-    to_problem: Callable[[dict, int], Problem]  # (record in the dataset's schema, seed) -> Problem
+    # (record in the dataset's schema, rng) -> Problem; one rng per load, seeded with the run's seed and
+    # handed to the kept records in dataset order (GPQA shuffles its options with it)
+    to_problem: Callable[[dict, random.Random], Problem]
     sample_file: Path | None = None  # the small set we ship, in the dataset's schema (tests, smoke runs)
     hf_config: str | tuple[str, ...] | None = None  # a tuple: configs read one after the other
     split: str = "test"
@@ -63,6 +66,7 @@ class Benchmark:
     sampling: Sampling = field(default_factory=Sampling)
     letters: str = "ABCD"  # for "choice"
     records: Callable[[], Iterable[dict]] | None = None  # generated benchmarks (demo_arith): no files
+    system_prompt: str | None = None  # the benchmark's own system turn (LiveCodeBench's), unless the run sets one
 
     def __post_init__(self):
         if self.grader not in GRADERS:
@@ -177,10 +181,10 @@ def load_problems(bench: Benchmark, source: str = "hub", seed: int = 0, limit: i
             raise FileNotFoundError(f"{bench.name}: source {source!r} is neither 'hub', 'samples', 'bundle:DIR' "
                                     "nor an existing path")
         records = _read_local(path)
-    problems = []
+    problems, rng = [], random.Random(seed)
     for record in records:
         if bench.keep(record):
-            problems.append(bench.to_problem(record, seed))
+            problems.append(bench.to_problem(record, rng))
             if limit is not None and len(problems) == limit:
                 break
     ids = [p.id for p in problems]

@@ -1,25 +1,32 @@
-"""LiveCodeBench grading: the response's program runs against the problem's tests in the sandbox.
+"""LiveCodeBench grading: the response's program runs against the problem's tests in the sandbox,
+under LiveCodeBench's own harness as EvalScope 0.17 runs it (`lcb_driver`, InfiR2's scores).
 
 Two test styles, as LiveCodeBench has them:
 - "stdin":      the program reads the test input on stdin; its stdout must match the expected output
-                line by line (whitespace-insensitive, numbers compared with a small tolerance).
+                line by line (stripped lines equal, or equal as Decimal numbers).
 - "functional": LeetCode-style `class Solution` with method `func_name`; each input line is one JSON
                 argument; the method's return value must equal the JSON-decoded expected output.
-A sample passes when every test passes; the first failure stops the run (the rest cannot change it).
+A sample passes when every test passes; all tests run in one sandboxed process and the first failure
+stops it (the rest cannot change the verdict). `CodeTask.limits.wall_s` is the limit per test.
 """
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import math
 import pickle
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from infir.eval import lcb_driver
 from infir.eval.extract import extract_code, final_text
 from infir.eval.graders import Verdict
 from infir.eval.sandbox import Limits, run_python
+
+_DRIVER_SOURCE = Path(lcb_driver.__file__).read_text()
 
 
 @dataclass(frozen=True)
@@ -45,90 +52,38 @@ class CodeTask:
             raise ValueError("CodeTask: a problem without tests cannot be graded")
 
 
-# What LiveCodeBench's own harness makes available to functional solutions without an import.
-_PRELUDE = """\
-import bisect, collections, copy, functools, heapq, itertools, math, operator, random, re, string, sys
-from bisect import *
-from collections import *
-from functools import *
-from heapq import *
-from itertools import *
-from math import *
-from typing import *
-sys.setrecursionlimit(1 << 16)
-"""
-
-_FUNCTIONAL_DRIVER = """\
-import json
-source = open("solution.py").read()
-namespace = {}
-exec(compile(_PRELUDE + "\\n" + source, "solution.py", "exec"), namespace)
-args = [json.loads(line) for line in open("input.txt").read().split("\\n") if line.strip()]
-result = getattr(namespace["Solution"](), FUNC_NAME)(*args)
-print(json.dumps(result))
-"""
+def _driver_limits(task: CodeTask) -> tuple[int, Limits]:
+    """The per-test alarm (whole seconds, as the harness sets it) and the sandbox's limits for the whole
+    sample: (alarm + 1) s of wall clock per test, the harness's own global limit, and the per-test CPU
+    limit once per test plus a second for the harness to start."""
+    per_test = max(1, math.ceil(task.limits.wall_s))
+    count = len(task.tests)
+    return per_test, dataclasses.replace(task.limits, wall_s=float((per_test + 1) * count),
+                                         cpu_s=task.limits.cpu_s * count + 1)
 
 
-def _as_number(token: str) -> float | None:
-    try:
-        return float(token)
-    except ValueError:
-        return None
-
-
-def outputs_match(got: str, expected: str) -> bool:
-    """stdout comparison: same lines after stripping, tokens equal or numerically close (1e-6)."""
-    got_lines = [line.strip() for line in got.strip().splitlines()]
-    want_lines = [line.strip() for line in expected.strip().splitlines()]
-    if got_lines == want_lines:
-        return True
-    if len(got_lines) != len(want_lines):
-        return False
-    for g, w in zip(got_lines, want_lines):
-        g_tokens, w_tokens = g.split(), w.split()
-        if len(g_tokens) != len(w_tokens):
-            return False
-        for gt, wt in zip(g_tokens, w_tokens):
-            if gt == wt:
-                continue
-            gn, wn = _as_number(gt), _as_number(wt)
-            if gn is None or wn is None or not math.isclose(gn, wn, rel_tol=1e-6, abs_tol=1e-6):
-                return False
-    return True
-
-
-def _json_equal(got: str, expected: str) -> bool:
-    try:
-        return json.loads(got) == json.loads(expected)
-    except json.JSONDecodeError:
-        return False
-
-
-def run_test(code: str, task: CodeTask, test: TestCase) -> tuple[bool, str]:
-    """(passed, reason) for one test."""
-    if task.style == "stdin":
-        result = run_python(code, stdin=test.input, limits=task.limits)
-    else:
-        driver = f"_PRELUDE = {_PRELUDE!r}\nFUNC_NAME = {task.func_name!r}\n{_FUNCTIONAL_DRIVER}"
-        result = run_python(driver, limits=task.limits, files={"solution.py": code, "input.txt": test.input})
+def run_tests(code: str, task: CodeTask) -> tuple[bool, str]:
+    """(passed, reason): `code` against every test of `task` in one sandboxed run of the harness."""
+    per_test, limits = _driver_limits(task)
+    spec = {"inputs": [t.input for t in task.tests], "outputs": [t.output for t in task.tests],
+            "fn_name": task.func_name if task.style == "functional" else None, "timeout": per_test}
+    result = run_python(_DRIVER_SOURCE, limits=limits, files={"solution.py": code, "tests.json": json.dumps(spec)})
     if result.timed_out:
         return False, "time limit exceeded"
-    if result.returncode != 0:
+    tagged = [line for line in result.stdout.splitlines() if line.startswith(lcb_driver.RESULT_TAG)]
+    if not tagged:
         return False, f"exit {result.returncode}: {result.stderr.strip()[-300:]}"
-    matches = outputs_match if task.style == "stdin" else _json_equal
-    return (True, "ok") if matches(result.stdout, test.output) else (False, "wrong answer")
+    outcome = json.loads(tagged[-1][len(lcb_driver.RESULT_TAG):])
+    return outcome["passed"], outcome["reason"]
 
 
 def grade_code(response: str, task: CodeTask) -> tuple[Verdict, str]:
-    """(verdict, reason): the response's last code block against every test of `task`."""
+    """(verdict, reason): the first code block of the text after `</think>` against every test of `task`."""
     code = extract_code(final_text(response))
     if code is None:
         return Verdict(False, None), "no code block in the response"
-    for i, test in enumerate(task.tests):
-        passed, reason = run_test(code, task, test)
-        if not passed:
-            return Verdict(False, code), f"test {i}: {reason}"
-    return Verdict(True, code), f"passed {len(task.tests)} tests"
+    passed, reason = run_tests(code, task)
+    return Verdict(passed, code), reason
 
 
 class _NoGlobalsUnpickler(pickle.Unpickler):

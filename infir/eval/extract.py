@@ -1,5 +1,8 @@
-"""Pull the gradable part out of a model response: text after the reasoning, the last \\boxed{},
-a multiple-choice letter, a code block. Pure string functions, no math library."""
+"""Pull the gradable part out of a model response the way EvalScope 0.17 does (the harness InfiR2's
+table was scored with): the text after the reasoning, the stated math answer, the option letter, the
+program. Pure string functions; they keep EvalScope's rules where those are crude (a GPQA response is
+read as its last standalone letter A-D, a program is the first fenced block), since infir's scores are
+compared with numbers produced by exactly these rules."""
 from __future__ import annotations
 
 import re
@@ -8,82 +11,65 @@ THINK_END = "</think>"
 
 
 def final_text(response: str) -> str:
-    """The text after the last `</think>` (the answer part of a reasoning model's output).
-
-    A response without `</think>` is graded whole: non-reasoning models never emit it. A response
-    that opened `<think>` but never closed it ran out of tokens while thinking and has no answer.
-    """
-    if THINK_END in response:
-        return response.rsplit(THINK_END, 1)[1]
-    if "<think>" in response:
-        return ""
-    return response
+    """The text after the last `</think>`, or the whole response when it has none (EvalScope's
+    `remove_until` filter, as InfiR2 configures it: a response cut off while thinking is graded whole)."""
+    return response.rsplit(THINK_END, 1)[1] if THINK_END in response else response
 
 
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+def _braced(text: str) -> str:
+    """The content of the brace group `text` opens with, nesting respected (to the end if unclosed)."""
+    depth = 1
+    for i, char in enumerate(text[1:], start=1):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth == 0:
+            return text[1:i]
+    return text[1:]
 
 
-def _top_level_boxes(text: str) -> list[str]:
-    """Contents of every top-level box, in order (an unclosed box at the end is ignored)."""
-    boxes, pos = [], 0
-    while (match := _BOX_OPEN.search(text, pos)) is not None:
-        depth, i = 1, match.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth:
-            break
-        boxes.append(text[match.end(): i - 1].strip())
-        pos = i  # boxes nested inside this one are part of its content, not top-level
-    return boxes
+def _last_number(text: str) -> str:
+    numbers = re.findall(r"-?\d*\.?\d+", text.replace(",", ""))
+    return numbers[-1] if numbers else ""
 
 
-def last_boxed(text: str) -> str | None:
-    """Content of the last top-level `\\boxed{...}` (or `\\fbox{...}`), braces balanced, or None.
+def stated_answer(text: str) -> str:
+    """The answer a math response states, not yet normalized: Minerva's "final answer is $X$. I hope",
+    else what follows the last `boxed` (a brace group, or up to the next `$`), else what follows the
+    last "the answer is" / "final answer is", else what follows "答案是", else the last number."""
+    text = text.replace("\u043a\u0438", "")  # a step marker of the Math-Shepherd data
+    if "final answer is $" in text and "$. I hope" in text:
+        answer = text.split("final answer is $", 1)[1].split("$. I hope", 1)[0].strip()
+    elif "boxed" in text:
+        after = text.split("boxed")[-1]
+        if not after:
+            return ""
+        answer = _braced(after) if after[0] == "{" else after.split("$")[0].strip()
+    elif "he answer is" in text:
+        answer = text.split("he answer is")[-1].strip()
+    elif "final answer is" in text:
+        answer = text.split("final answer is")[-1].strip()
+    elif "答案是" in text:
+        answer = text.split("答案是")[1].strip().split("\n\n")[0].strip()
+    else:
+        answer = _last_number(text)
+    answer = re.sub(r"\n\s*", "", answer)
+    answer = answer[1:] if answer.startswith(":") else answer
+    answer = answer[:-1] if answer.endswith(".") else answer
+    return answer[:-1] if answer.endswith("/") else answer
 
-    A box holding only another box (`\\boxed{\\boxed{5}}`) is unwrapped to its content.
-    """
-    boxes = _top_level_boxes(text)
-    if not boxes:
-        return None
-    content = boxes[-1]
-    while (match := _BOX_OPEN.match(content)) is not None and _top_level_boxes(content) == [content[match.end():-1].strip()]:
-        content = content[match.end():-1].strip()
-    return content
 
-
-_LETTER = r"\(?\*{0,2}([A-J])\*{0,2}\)?"
-_CHOICE_PATTERNS = [
-    # strongest first: an explicit statement of the answer. Keywords are case-insensitive, the letter is
-    # not: "the answer is a prime" must not read as choice A. A bare "Option A" is a mention, not a
-    # statement ("Option A is wrong"), so it is not a keyword here.
-    re.compile(r"(?i:final\s+answer|answer|correct\s+(?:option|choice))"
-               r"(?:\s+is)?[\s:*\-]*(?:\$?\\(?:boxed|text(?:bf)?)\{)?" + _LETTER + r"(?![A-Za-z])"),
-    re.compile(r"^\s*" + _LETTER + r"\s*[\.\):]?\s*$", re.M),
-    re.compile(r"\(([A-J])\)"),
-]
-
-
-def extract_choice(text: str, letters: str = "ABCD") -> str | None:
-    """The chosen letter: from the last \\boxed{} if any, else the last explicit "answer is X" /
-    "Answer: (X)", else a line holding only the letter, else the last "(X)"."""
-    boxed = last_boxed(text)
-    if boxed is not None:
-        m = re.fullmatch(r"\s*(?:\\text\{)?\(?([A-Za-z])\)?\}?\s*[\.:]?.*", boxed, re.S)
-        if m and m.group(1).upper() in letters:
-            return m.group(1).upper()
-        return None
-    for pattern in _CHOICE_PATTERNS:
-        found = [m.group(1) for m in pattern.finditer(text) if m.group(1) in letters]
-        if found:
-            return found[-1]
-    return None
+def extract_choice(text: str) -> str:
+    """The last standalone letter A-D of the text, upper-cased first (so the article "a" reads as A);
+    the text itself, trimmed, when it has none."""
+    letters = re.findall(r"\b(A|B|C|D)\b", text.upper())
+    picked = letters[-1] if letters else text.strip().strip(".")
+    return picked.rstrip(".").rstrip("/")
 
 
 def extract_code(text: str) -> str | None:
-    """The last fenced code block (```python ... ``` preferred, any fence otherwise), or None."""
-    blocks = re.findall(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", text, re.S)
-    if not blocks:
+    """The lines between the first two lines that hold a ``` fence (LiveCodeBench's rule: the first
+    block, whatever its language), or None when fewer than two lines hold one."""
+    lines = text.split("\n")
+    fences = [i for i, line in enumerate(lines) if "```" in line]
+    if len(fences) < 2:
         return None
-    python = [body for lang, body in blocks if lang.lower() in ("python", "python3", "py")]
-    return (python or [body for _, body in blocks])[-1]
+    return "\n".join(lines[fences[0] + 1:fences[1]])

@@ -1,18 +1,24 @@
-"""Graders: a model response + the gold answer -> Verdict. One function per kind of benchmark.
+"""Graders: a model response + the gold answer -> Verdict, as EvalScope 0.17 grades them (InfiR2's
+harness). One function per kind of benchmark.
 
-- "math":   the last \\boxed{} of the text after `</think>` (or that text whole, through math-verify's
-            own answer anchors, when nothing is boxed) checked against the gold answer by math-verify
-            (LaTeX and plain numbers, fractions, roots, pi, units, thousands separators, sets, ...).
-- "choice": the option letter (see `extract.extract_choice`) compared with the gold letter.
+- "math":   the answer the text after `</think>` states (`extract.stated_answer`: the last \\boxed{},
+            else "the answer is ...", else the last number), normalized twice as EvalScope does, against
+            the normalized gold answer: equal as strings, as numbers within 1e-4, or by sympy
+            (`math_answers`).
+- "choice": the last standalone letter A-D of that text (`extract.extract_choice`) equals the gold letter.
 - "code":   lives in `code_tests.py`: it needs test cases, not an answer string.
 """
 from __future__ import annotations
 
-import re
+import signal
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from infir.eval.extract import extract_choice, final_text, last_boxed
+from infir.eval.extract import extract_choice, final_text, stated_answer
+from infir.eval.math_answers import answers_equal, normalize_answer
+
+MATH_TIME_LIMIT_S = 10
 
 
 @dataclass(frozen=True)
@@ -21,53 +27,49 @@ class Verdict:
     extracted: str | None  # what was graded, for the per-sample jsonl; None when nothing was found
 
 
-def _math_verify():
+class _SympyTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _time_limit(seconds: int):
+    """sympy can run for minutes on a pathological answer (EvalScope would wait); past the limit the
+    sample is graded wrong. SIGALRM is only for the main thread, so other threads run unlimited."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise _SympyTimeout
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
     try:
-        import math_verify
-    except ImportError as e:  # pragma: no cover - it is a dependency of the package
-        raise ImportError("math grading needs math-verify: `pip install 'math-verify>=0.5'`") from e
-    return math_verify
-
-
-def _timeout_seconds() -> int | None:
-    # math-verify's timeouts use SIGALRM, which only the main thread may set.
-    return 5 if threading.current_thread() is threading.main_thread() else None
-
-
-def _normalize(latex: str) -> str:
-    """What math-verify does not undo itself: "12\\%" (read as a string, not the number 12), a thin
-    space as thousands separator ("1\\,000"), and a sentence's full stop inside the box ("36.")."""
-    latex = re.sub(r"\\?%", "", latex)
-    latex = re.sub(r"(?<=\d)\\,(?=\d{3}(?!\d))", "", latex)
-    return re.sub(r"(?<=\d)\.\s*$", "", latex.strip())
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def grade_math(response: str, answer: str) -> Verdict:
-    mv = _math_verify()
-    text = final_text(response)
-    boxed = last_boxed(text)
-    candidate = f"\\boxed{{{_normalize(boxed)}}}" if boxed is not None else text
-    if not candidate.strip():
-        return Verdict(False, None)
-    timeout = _timeout_seconds()
-    gold_config = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
-    pred_config = [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
-    gold = mv.parse(f"${_normalize(answer)}$", gold_config, parsing_timeout=timeout)
+    gold = normalize_answer(answer)
     if not gold:
-        raise ValueError(f"math grader: gold answer {answer!r} does not parse; fix the benchmark's answer field")
-    pred = mv.parse(candidate, pred_config, parsing_timeout=timeout)
-    if not pred:
-        return Verdict(False, boxed)
-    extracted = str(pred[-1])  # math-verify returns [sympy object, matched string]
-    return Verdict(bool(mv.verify(gold, pred, timeout_seconds=timeout)), extracted)
+        raise ValueError(f"math grader: gold answer {answer!r} is empty once normalized; fix the benchmark's answer field")
+    pred = normalize_answer(normalize_answer(stated_answer(final_text(response))))
+    try:
+        with _time_limit(MATH_TIME_LIMIT_S):
+            correct = answers_equal(pred, gold)
+    except _SympyTimeout:
+        correct = False
+    return Verdict(correct, pred or None)
 
 
 def grade_choice(response: str, answer: str, letters: str = "ABCD") -> Verdict:
-    gold = extract_choice(answer.strip(), letters) or answer.strip().upper()
-    if gold not in letters:
+    gold = answer.strip().upper()
+    if gold not in letters or len(gold) != 1:
         raise ValueError(f"choice grader: gold answer {answer!r} is not one of the letters {letters}")
-    chosen = extract_choice(final_text(response), letters)
-    return Verdict(chosen == gold, chosen)
+    chosen = extract_choice(final_text(response))
+    return Verdict(bool(chosen) and chosen.strip() == gold, chosen or None)
 
 
 def grade_answer(bench, response: str, answer: str) -> Verdict:

@@ -1,9 +1,11 @@
-"""Prompt builders shared by the benchmark declarations in eval/ (the user turn; chat templates are
-applied by the runner with the model's own tokenizer)."""
+"""Prompt builders shared by the benchmark declarations in eval/: the user turn (and a benchmark's
+system turn) exactly as EvalScope 0.17 writes them, the harness InfiR2's table was scored with; chat
+templates are applied by the runner with the model's own tokenizer."""
 from __future__ import annotations
 
 import hashlib
 import random
+import re
 
 from infir.eval.benchmarks import MATH_INSTRUCTION
 
@@ -14,33 +16,45 @@ def stable_id(*parts: str) -> str:
 
 
 def math_prompt(problem: str) -> str:
-    return f"{problem.strip()}\n{MATH_INSTRUCTION}"
+    return f"{problem}\n{MATH_INSTRUCTION}"
 
 
-def shuffled_choices(correct: str, incorrect: list[str], seed: int, key: str) -> tuple[list[str], int]:
-    """The options in an order fixed by (seed, key), and the index of the correct one.
+def clean_option(text: str | None) -> str:
+    """A GPQA option as EvalScope shows it: '[title]' marks become sentence breaks, other bracketed
+    notes are dropped, double spaces single."""
+    if text is None:
+        return " "
+    text = re.sub(r"\[.*?\]", "", text.strip().replace(" [title]", ". "))
+    return text.replace("  ", " ")
 
-    Seeded per problem, not globally, so one problem's order does not depend on which others load.
+
+def shuffled_choices(correct: str, incorrect: list[str], rng: random.Random) -> tuple[list[str], int]:
+    """The cleaned options [incorrect..., correct] shuffled by `rng`, and the index of the correct one.
+
+    One rng is shared by the records of a load, in dataset order, as EvalScope's global RNG is: with
+    the same seed (EvalScope's default is 42) the options come in EvalScope's order.
     """
-    options = [correct, *incorrect]
-    order = list(range(len(options)))
-    random.Random(f"{seed}:{key}").shuffle(order)
-    return [options[i].strip() for i in order], order.index(0)
+    options = [clean_option(text) for text in [*incorrect, correct]]
+    rng.shuffle(options)
+    return options, options.index(clean_option(correct))
 
 
-def choice_prompt(question: str, options: list[str], letters: str = "ABCD") -> str:
-    lines = "\n".join(f"{letters[i]}) {option}" for i, option in enumerate(options))
-    return (f"{question.strip()}\n\n{lines}\n\nPlease reason step by step, and put the letter of the correct "
-            "option within \\boxed{}, e.g. \\boxed{A}.")
+def choice_prompt(question: str, options: list[str], preamble: str, letters: str = "ABCD") -> str:
+    lines = "".join(f"({letter}) {option}\n" for letter, option in zip(letters, options))
+    return f"{preamble}{question}\nChoices:\n{lines}\n{MATH_INSTRUCTION}"
+
+
+CODE_SYSTEM_PROMPT = ("You are an expert Python programmer. You will be given a question (problem specification) and "
+                      "will generate a correct Python program that matches the specification and passes all tests. "
+                      "You will NOT return anything except for the program.")
 
 
 def code_prompt(question: str, starter_code: str = "") -> str:
     """LiveCodeBench's two prompt shapes: complete the starter code, or a full stdin/stdout program."""
-    head = ("You will be given a programming problem. Write a correct Python 3 program that meets the "
-            "specification and passes all tests.\n\n" f"Question: {question.strip()}\n\n")
-    if starter_code.strip():
-        return head + ("Complete the following starter code and put your whole solution in one fenced "
-                       f"code block:\n```python\n{starter_code.rstrip()}\n```\n")
-    return head + ("Read the input from standard input and write the answer to standard output (do not "
-                   "hard-code the sample inputs). Put your whole program in one fenced code block:\n"
-                   "```python\n# YOUR CODE HERE\n```\n")
+    if starter_code:
+        fmt = ("You will use the following starter code to write the solution to the problem and enclose your "
+               f"code within delimiters.\n```python\n{starter_code}\n```\n\n")
+    else:
+        fmt = ("Read the inputs from stdin solve the problem and write the answer to stdout (do not directly test "
+               "on the sample inputs). Enclose your code within delimiters as follows.\n```python\n# YOUR CODE HERE\n```\n\n")
+    return f"### Question:\n{question}\n\n### Format: {fmt} ### Answer: (use the provided format with backticks)\n\n"

@@ -48,7 +48,7 @@ def grade_problem(bench: Benchmark, problem: Problem, prompt: str, completions: 
                   limits: Limits, pool: ThreadPoolExecutor | None) -> list[dict]:
     if bench.grader == "code" and pool is not None:  # sandboxed runs are independent processes
         grades = list(pool.map(lambda c: _grade(bench, problem, c, limits), completions))
-    else:  # math-verify's timeouts need the main thread
+    else:  # the math grader's sympy time limit needs the main thread
         grades = [_grade(bench, problem, c, limits) for c in completions]
     return [{"benchmark": bench.name, "problem_id": problem.id, "sample": i, "prompt": prompt,
              "response": c.text, "answer": problem.answer, "num_tokens": c.num_tokens,
@@ -67,7 +67,7 @@ def evaluate_benchmark(bench: Benchmark, problems: list[Problem], backend: Gener
     try:
         for start in range(0, len(todo), cfg.backend.chunk_size):
             chunk = todo[start:start + cfg.backend.chunk_size]
-            prompts = [render_prompt(tokenizer, p, cfg.system_prompt) for p in chunk]
+            prompts = [render_prompt(tokenizer, p, cfg.system_prompt or bench.system_prompt) for p in chunk]
             t0 = time.perf_counter()
             completions = backend.generate(prompts, sampling, seed=cfg.seed + problems.index(chunk[0]))
             if len(completions) != len(chunk) or any(len(c) != sampling.n for c in completions):
@@ -109,7 +109,7 @@ def evaluate(cfg, backend: GenerationBackend | None = None) -> dict:
         if not problems:
             raise ValueError(f"{name}: no problems loaded from {source!r}")
         fingerprint = {"model": str(model_path.resolve()), "seed": cfg.seed, "source": str(source),
-                       "system_prompt": cfg.system_prompt,
+                       "system_prompt": cfg.system_prompt or bench.system_prompt,
                        **{f"sampling.{k}": v for k, v in dataclasses.asdict(sampling).items()}}
         cache = SampleCache(out_dir / "samples" / f"{name}.jsonl", fingerprint, n=sampling.n)
         rows = evaluate_benchmark(bench, problems, backend, tokenizer, sampling, cache, cfg)

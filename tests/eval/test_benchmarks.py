@@ -39,7 +39,7 @@ def test_reference_sampling_is_the_design_one():
         assert (s.n, s.max_new_tokens, s.temperature, s.top_p) == (n, tokens, 0.65, 0.95)
 
 
-def test_gpqa_choices_are_shuffled_per_seed_and_answer_follows():
+def test_gpqa_choices_are_shuffled_by_the_seed_and_answer_follows():
     bench = get_benchmark("gpqa_diamond")
     records = [json.loads(line) for line in bench.sample_file.read_text().splitlines()]
     letters_by_seed = []
@@ -47,8 +47,8 @@ def test_gpqa_choices_are_shuffled_per_seed_and_answer_follows():
         problems = load_problems(bench, "samples", seed=seed)
         assert problems == load_problems(bench, "samples", seed=seed)  # deterministic
         for record, problem in zip(records, problems):
-            line = next(l for l in problem.prompt.splitlines() if l.startswith(f"{problem.answer}) "))
-            assert line == f"{problem.answer}) {record['Correct Answer']}"
+            line = [l for l in problem.prompt.splitlines() if l.startswith(f"({problem.answer}) ")][-1]  # past the examples
+            assert line == f"({problem.answer}) {record['Correct Answer'].strip()}"
         letters_by_seed.append(tuple(p.answer for p in problems))
     assert len(set(letters_by_seed)) > 1  # the seed moves the correct option
 

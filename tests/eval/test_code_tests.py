@@ -1,4 +1,5 @@
-"""LiveCodeBench grading: both test styles, output comparison, the test-field codecs."""
+"""LiveCodeBench grading under LiveCodeBench's harness (as EvalScope runs it): both test styles, the
+first fenced block, output comparison, the test-field codecs."""
 import json
 import pickle
 import base64
@@ -6,15 +7,16 @@ import zlib
 
 import pytest
 
-from infir.eval.code_tests import CodeTask, TestCase, decode_lcb_tests, encode_lcb_tests, grade_code, outputs_match
+from infir.eval.code_tests import CodeTask, TestCase, decode_lcb_tests, encode_lcb_tests, grade_code
 from infir.eval.extract import extract_code
+from infir.eval.lcb_driver import stdout_matches
 from infir.eval.sandbox import Limits
 
 LIMITS = Limits(wall_s=10.0, cpu_s=5)
 
 
 def fenced(code: str, lang: str = "python") -> str:
-    return f"<think>reasoning with ```python\nprint('draft')\n``` inside</think>\nHere:\n```{lang}\n{code}\n```\nDone."
+    return f"<think>reasoning with\n```python\nprint('draft')\n```\ninside</think>\nHere:\n```{lang}\n{code}\n```\nDone."
 
 
 FUNCTIONAL = CodeTask(tests=(TestCase("[1, 5, 3]", "8"), TestCase("[-1, -2]", "-3")), style="functional",
@@ -32,6 +34,8 @@ def test_functional_wrong_solution_fails_on_the_right_test():
     code = "class Solution:\n    def maxPairSum(self, nums):\n        return max(nums) * 2 if max(nums) > 0 else sum(nums)"
     verdict, reason = grade_code(fenced(code), FUNCTIONAL)
     assert not verdict.correct and reason == "test 0: wrong answer"
+    missing = grade_code(fenced("class Solution:\n    def other(self, nums):\n        return 0"), FUNCTIONAL)
+    assert not missing[0].correct and "maxPairSum" in missing[1]
 
 
 def test_functional_return_types_compare_as_json():
@@ -44,26 +48,43 @@ def test_stdin_solution_and_its_failures():
     task = CodeTask(tests=(TestCase("1 2\n", "3\n"), TestCase("-5 5\n", "0\n")), style="stdin", limits=LIMITS)
     assert grade_code(fenced("a, b = map(int, input().split())\nprint(a + b)"), task)[0].correct
     assert grade_code(fenced("print(3)"), task)[1] == "test 1: wrong answer"
-    crashed = grade_code(fenced("raise SystemExit(3)"), task)
-    assert not crashed[0].correct and crashed[1].startswith("test 0: exit 3")
+    crashed = grade_code(fenced("a = int(input().split()[0]) // 0"), task)
+    assert not crashed[0].correct and crashed[1].startswith("test 0: ZeroDivisionError")
     assert grade_code("I would loop over the input.", task)[1] == "no code block in the response"
 
 
-def test_last_python_block_after_think_is_graded():
+def test_stdin_programs_run_as_the_harness_runs_them():
+    """As the body of a function with star-imported helpers, stdin a StringIO and exit() a normal end:
+    what passes and fails there passes and fails here."""
+    task = CodeTask(tests=(TestCase("1 2\n", "3\n"), TestCase("-5 5\n", "0\n")), style="stdin", limits=LIMITS)
+    passes = ["a, b = map(int, input().split())\nprint(a + b)\nexit()",
+              "def main():\n    print(sum(map(int, input().split())))\n\nif __name__ == '__main__':\n    main()",
+              "print(int(fsum(map(int, input().split()))))"]  # fsum: the harness's star imports
+    fails = ["import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))",  # a StringIO has no buffer
+             "a, b = map(int, input().split())\ns = 0\ndef add():\n    global s\n    s = a + b\nadd()\nprint(s)",
+             "print(sum(map(int, input().split())))\nquit()"]  # the harness disables quit
+    for code in passes:
+        assert grade_code(fenced(code), task)[0].correct, code
+    for code in fails:
+        assert not grade_code(fenced(code), task)[0].correct, code
+
+
+def test_first_fenced_block_is_graded():
     text = "```text\nnot code\n```\n```python\nprint(1)\n```\n```python\nprint(2)\n```"
-    assert extract_code(text).strip() == "print(2)"
-    assert extract_code("```\nprint(3)\n```").strip() == "print(3)"
-    assert extract_code("no fence") is None
+    assert extract_code(text) == "not code"
+    assert extract_code("```\nprint(3)\n```") == "print(3)"
+    assert extract_code("Use ``` fences.\n```python\nprint(4)\n```") == ""  # a line that mentions a fence is one
+    assert extract_code("no fence") is None and extract_code("```python\nprint(5)") is None
 
 
 @pytest.mark.parametrize("got,expected,same", [
     ("3\n", "3", True), ("  3  \n\n", "3\n", True), ("1 2\n3 4\n", "1 2\n3 4", True),
-    ("1  2", "1 2", True), ("0.3333333", "0.33333333", True), ("0.5", "0.6", False),
+    ("1  2", "1 2", True), ("0.3333333", "0.33333333", False), ("0.5", "0.6", False),
     ("1 2", "1 2 3", False), ("1\n2", "1 2", False), ("Yes", "yes", False), ("", "0", False),
-    ("3.0", "3", True), ("nan", "1", False),
+    ("3.0", "3", True), ("2.50", "2.5", True), ("1e3", "1000", True), ("nan", "NaN", False),
 ])
-def test_outputs_match(got, expected, same):
-    assert outputs_match(got, expected) is same
+def test_outputs_match_as_decimals(got, expected, same):
+    assert stdout_matches(got, expected) is same
 
 
 def test_lcb_test_codecs_round_trip():

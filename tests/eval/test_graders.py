@@ -3,6 +3,12 @@
 Equivalent and non-equivalent answers: integers, thousands separators, fractions, decimals, roots,
 pi, units and degrees, percentages, intervals and tuples, expressions, nested and repeated \\boxed,
 text after the answer, the `</think>` split, and GPQA letter formats.
+
+The expected verdicts are EvalScope 0.17.1's (InfiR2's harness), read off by running it on each case,
+its quirks included: "1,000" is the list {0, 1} (sorted) and not 1000, numbers within 1e-4 relative are
+equal (12,345,679 = 12345678), brackets and parentheses are dropped before comparing ([-3,3] = (-3,3),
+2x+1 = 2(x+1)), an unclosed \\boxed{ reads to the end, a response cut off while thinking is graded
+whole, and a GPQA answer is the last standalone letter (the article "a" is A).
 """
 import pytest
 
@@ -19,11 +25,11 @@ MATH_CASES = [
     ("aime24", "\\boxed{ 33 }", "33", True),
     ("aime24", "\\boxed{33.0}", "33", True),
     ("aime24", "\\boxed{-33}", "33", False),
-    ("aime24", "\\boxed{3 3}", "33", False),
+    ("aime24", "\\boxed{3 3}", "33", True),
     ("aime24", "\\boxed{0}", "0", True),
     ("aime24", "\\boxed{1}", "0", False),
     ("aime25", "so $m+n = \\boxed{70}$", "70", True),
-    ("aime25", "\\boxed{m+n=70}", "70", True),
+    ("aime25", "\\boxed{m+n=70}", "70", False),
     ("aime25", "\\boxed{x = 70}", "70", True),
     ("aime25", "\\boxed{70^\\circ}", "70", True),
     ("aime25", "\\boxed{71}", "70", False),
@@ -33,12 +39,12 @@ MATH_CASES = [
     ("aime25", "\\boxed{\\textbf{70}}", "70", True),
     ("aime25", "**Final answer:** \\boxed{588}", "588", True),
     # thousands separators
-    ("gsm8k", "\\boxed{1,000}", "1000", True),
-    ("gsm8k", "\\boxed{1000}", "1,000", True),
+    ("gsm8k", "\\boxed{1,000}", "1000", False),
+    ("gsm8k", "\\boxed{1000}", "1,000", False),
     ("gsm8k", "\\boxed{1{,}000}", "1000", True),
-    ("gsm8k", "\\boxed{1\\,000}", "1000", True),
+    ("gsm8k", "\\boxed{1\\,000}", "1000", False),
     ("gsm8k", "\\boxed{12,345,678}", "12345678", True),
-    ("gsm8k", "\\boxed{12,345,679}", "12345678", False),
+    ("gsm8k", "\\boxed{12,345,679}", "12345678", True),
     ("gsm8k", "\\boxed{1,001}", "1000", False),
     ("gsm8k", "The total is 5,000 toys. \\boxed{5000}", "5000", True),
     ("gsm8k", "\\boxed{100}", "1000", False),
@@ -108,7 +114,7 @@ MATH_CASES = [
     # intervals, tuples, sets
     ("math500", "\\boxed{(-3,3)}", "(-3,3)", True),
     ("math500", "\\boxed{(-3, 3)}", "(-3,3)", True),
-    ("math500", "\\boxed{[-3,3]}", "(-3,3)", False),
+    ("math500", "\\boxed{[-3,3]}", "(-3,3)", True),
     ("math500", "\\boxed{(-3,4)}", "(-3,3)", False),
     ("math500", "\\boxed{(1,2)}", "(1,2)", True),
     ("math500", "\\boxed{(2,1)}", "(1,2)", False),
@@ -121,14 +127,14 @@ MATH_CASES = [
     ("math500", "\\boxed{x^2-1}", "x^2+1", False),
     ("math500", "\\boxed{(x+1)(x-1)}", "x^2-1", True),
     ("math500", "\\boxed{2x+2}", "2(x+1)", True),
-    ("math500", "\\boxed{2x+1}", "2(x+1)", False),
+    ("math500", "\\boxed{2x+1}", "2(x+1)", True),
     ("math500", "\\boxed{y = 2x + 3}", "2x+3", True),
     ("math500", "\\boxed{3^{10}}", "59049", True),
     ("math500", "\\boxed{2^{10}}", "1000", False),
     ("math500", "\\boxed{10!}", "3628800", True),
     ("math500", "\\boxed{\\binom{10}{3}}", "120", True),
     ("math500", "\\boxed{e^2}", "e^2", True),
-    ("math500", "\\boxed{\\log_2 8}", "3", True),
+    ("math500", "\\boxed{\\log_2 8}", "3", False),
     # nested and repeated boxes, trailing text, the </think> split
     ("math500", "\\boxed{\\boxed{5}}", "5", True),
     ("math500", "\\boxed{\\boxed{6}}", "5", False),
@@ -138,14 +144,14 @@ MATH_CASES = [
     ("math500", "\\boxed{5}. Check: 2+3=5, and 6 is not it.", "5", True),
     ("math500", "\\boxed{\\frac{1}{2}} since the other root 3 is rejected", "\\frac{1}{2}", True),
     ("math500", "\\fbox{5}", "5", True),
-    ("math500", "\\boxed{5", "5", False),
+    ("math500", "\\boxed{5", "5", True),
     ("math500", T + "\\boxed{7}", "7", True),
     ("math500", T + "The answer is \\boxed{8}.", "7", False),
     ("math500", T + "No boxed answer here.", "999", False),
-    ("math500", "<think>I will say \\boxed{7} but I run out of tokens", "7", False),
+    ("math500", "<think>I will say \\boxed{7} but I run out of tokens", "7", True),
     ("math500", "<think>a</think>x<think>b</think> \\boxed{7}", "7", True),
     ("math500", "<think>\\boxed{7}</think> \\boxed{8}", "7", False),
-    # no box: math-verify's own anchors on the answer text
+    # no box: "the answer is ...", else the last number
     ("gsm8k", "The final answer is 26.", "26", True),
     ("gsm8k", "The final answer is $26$.", "26", True),
     ("gsm8k", "The final answer is 27.", "26", False),
@@ -184,16 +190,15 @@ CHOICE_CASES = [
     ("gpqa_diamond", "Option A is wrong. Option B is wrong.\n\nC", "C", True),
     ("gpqa_diamond", "A\n", "C", False),
     ("gpqa_diamond", "the answer is a prime number, so (C)", "C", True),
-    ("gpqa_diamond", "the answer is a prime number", "A", False),
+    ("gpqa_diamond", "the answer is a prime number", "A", True),
     ("gpqa_diamond", "I cannot tell.", "C", False),
     ("gpqa_diamond", "", "C", False),
     ("gpqa_diamond", T + "\\boxed{C}", "C", True),
     ("gpqa_diamond", "<think>The answer is (C).</think> The answer is (D).", "C", False),
     ("gpqa_diamond", "<think>The answer is (C).</think> The answer is (C).", "C", True),
-    ("gpqa_diamond", "<think>The answer is (C) but still thinking", "C", False),
+    ("gpqa_diamond", "<think>The answer is (C) but still thinking", "C", True),
     ("gpqa_diamond", "\\boxed{A} then on reflection \\boxed{C}", "C", True),
     ("gpqa_diamond", "\\boxed{C} then on reflection \\boxed{A}", "C", False),
-    ("gpqa_diamond", "\\boxed{C}", "(C)", True),
     ("gpqa_diamond", "\\boxed{C}", " C ", True),
     ("gpqa_diamond", "Answer: A", "A", True),
     ("gpqa_diamond", "Answer: B", "B", True),
@@ -225,3 +230,5 @@ def test_unknown_benchmark_names_the_known_ones():
 def test_unparseable_gold_answer_is_an_error():
     with pytest.raises(ValueError, match="gold answer"):
         grade("math500", "\\boxed{1}", "")
+    with pytest.raises(ValueError, match="gold answer"):
+        grade("gpqa_diamond", "\\boxed{C}", "(C)")

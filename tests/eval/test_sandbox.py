@@ -67,7 +67,8 @@ def test_well_behaved_program_passes_and_reads_stdin():
 
 
 def test_fork_bomb_is_contained():
-    bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\nprint(42)"
+    # posix.fork: the harness switches os.fork off, which is no defence; the sandbox is
+    bomb = "import posix\nwhile True:\n    try:\n        posix.fork()\n    except OSError:\n        pass\nprint(42)"
     start = time.monotonic()
     verdict, reason = grade_code(respond(bomb), TASK)
     assert not verdict.correct
@@ -76,7 +77,7 @@ def test_fork_bomb_is_contained():
 
 
 def test_process_limit_stops_mass_forking():
-    spawn = "import os, time\nfor _ in range(200):\n    if os.fork() == 0:\n        time.sleep(60)\nprint(42)"
+    spawn = "import posix, time\nfor _ in range(200):\n    if posix.fork() == 0:\n        time.sleep(60)\nprint(42)"
     verdict, reason = grade_code(respond(spawn), TASK)
     assert not verdict.correct
     assert "Resource temporarily unavailable" in reason or "BlockingIOError" in reason, reason
@@ -89,7 +90,7 @@ def test_infinite_loop_is_killed_by_cpu_limit():
     start = time.monotonic()
     verdict, reason = grade_code(respond("while True:\n    pass\nprint(42)"), task)
     assert not verdict.correct
-    assert "time limit" not in reason and reason.startswith("test 0: exit"), reason
+    assert "time limit" not in reason and reason.startswith("exit"), reason
     assert time.monotonic() - start < 60
 
 
@@ -280,7 +281,7 @@ def test_unshare_fallback_still_contains(monkeypatch, tmp_path):
 
 
 def test_detached_background_process_does_not_outlive_the_run():
-    code = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(600)\n"
+    code = ("import os, posix, time\nif posix.fork() == 0:\n    os.setsid()\n    if posix.fork() == 0:\n        time.sleep(600)\n"
             "    os._exit(0)\nprint(42)")
     verdict, reason = grade_code(respond(code), TASK)
     assert verdict.correct, reason  # the answer is right; what matters is the sweep checked by the fixture
