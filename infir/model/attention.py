@@ -174,10 +174,15 @@ def flex_block_mask(layout: DocumentLayout, q_len: int):
     if layout.flex_mask is None:
         from torch.nn.attention.flex_attention import create_block_mask
 
-        doc, q_t = document_ids(layout.positions), layout.local_positions
+        doc = document_ids(layout.positions)
+        if layout.cp == 1:
+            def same_document_causal(b, h, qi, ki):
+                return (doc[b, qi] == doc[b, ki]) & (ki <= qi)
+        else:
+            q_t = layout.local_positions  # a query's place in the whole sequence: one more load per element
 
-        def same_document_causal(b, h, qi, ki):
-            return (doc[b, q_t[qi]] == doc[b, ki]) & (ki <= q_t[qi])
+            def same_document_causal(b, h, qi, ki):
+                return (doc[b, q_t[qi]] == doc[b, ki]) & (ki <= q_t[qi])
 
         # compiled: the eager build evaluates the mask element by element and costs a sizeable part of a layer
         layout.flex_mask = create_block_mask(same_document_causal, doc.shape[0], None, q_len, doc.shape[1],

@@ -49,6 +49,7 @@ def shard_of(p: torch.Tensor) -> Shard:
 
 
 class PerParamOptimizer(torch.optim.Optimizer):
+    GROUPED_STATES: dict[str, int] = {}  # state tensors kept per group of elements (ranges.py), and the group size
     def __init__(self, params, defaults: dict, *, offload: bool = False, seed: int = 0):
         lr, (beta1, beta2) = defaults["lr"], defaults["betas"]
         if lr < 0 or not 0.0 <= beta1 < 1.0 or not 0.0 <= beta2 < 1.0 or defaults["eps"] < 0:
@@ -182,13 +183,18 @@ class PerParamOptimizer(torch.optim.Optimizer):
         self.state = defaultdict(dict)
         for i, saved in state_dict["state"].items():
             p = by_id[i]
-            if "packed" in saved:
-                saved = {**{k: v for k, v in saved.items() if k not in ("packed", "layout")},
-                         **_unpacked(saved["packed"], saved["layout"])}
+            saved = unpacked_state(saved)
             self.state[p] = {k: v for k, v in saved.items() if not torch.is_tensor(v)}
             self.state[p].update(self._packed({k: v for k, v in saved.items() if torch.is_tensor(v)}, p))
         for sg, g in zip(saved_groups, self.param_groups):
             g.update({k: v for k, v in sg.items() if k != "params"})
+
+
+def unpacked_state(entry: dict) -> dict:
+    """A param's entry of a state_dict with its tensors by name (a packed buffer taken apart)."""
+    if "packed" not in entry:
+        return dict(entry)
+    return {**{k: v for k, v in entry.items() if k not in ("packed", "layout")}, **_unpacked(entry["packed"], entry["layout"])}
 
 
 def _unpacked(buf: torch.Tensor, layout: dict) -> dict[str, torch.Tensor]:

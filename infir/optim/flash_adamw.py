@@ -65,6 +65,7 @@ class FlashAdamW(PerParamOptimizer):
     """
 
     STATE_KEYS = ("correction", "m_codes", "m_scales", "v_codes", "v_scales")
+    GROUPED_STATES = {"m_scales": companding.GROUP, "v_scales": companding.GROUP}  # one per group of elements
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, fused: Optional[bool] = None,

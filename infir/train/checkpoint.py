@@ -142,17 +142,26 @@ def _optimizer_shard_file(info, optimizer) -> str:
     return f"optim_tp{info.tp_rank}_dp{optimizer.shard_rank}.pt"
 
 
+def _load_if(path: Path):
+    return torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
+
+
 def load_trainer(iter_dir: Path, optimizer, info) -> dict:
-    """The optimizer's states (replicated, or this rank's share) and the trainer state of `iter_dir`."""
+    """The optimizer's states (replicated, or this rank's share) and the trainer state of `iter_dir`. States
+    written at another data-parallel size, bucket size or with(out) sharding are re-cut to this run's."""
     iter_dir = Path(iter_dir)
     state = torch.load(iter_dir / f"train_tp{info.tp_rank}.pt", map_location="cpu", weights_only=False)
-    shard = iter_dir / _optimizer_shard_file(info, optimizer)
-    if optimizer.sharded != ("optimizer" not in state) or (optimizer.sharded and not shard.exists()):
-        written = "sharded over data-parallel ranks" if "optimizer" not in state else "replicated"
-        raise ConfigError(
-            f"{iter_dir} holds optimizer states {written}, which this run cannot read: resume with the "
-            f"data-parallel size and optimizer.distributed setting that wrote it")
-    optimizer.load_state_dict(torch.load(shard, map_location="cpu", weights_only=False) if optimizer.sharded else state.pop("optimizer"))
+    replicated = state.pop("optimizer", None)
+    own = replicated if replicated is not None else _load_if(iter_dir / _optimizer_shard_file(info, optimizer))
+    if own is not None and optimizer.layout_matches(own):
+        optimizer.load_state_dict(own)
+    else:
+        saved = [replicated] if replicated is not None else [
+            torch.load(f, map_location="cpu", weights_only=False) for f in sorted(iter_dir.glob(f"optim_tp{info.tp_rank}_dp*.pt"))]
+        if not saved:
+            raise ConfigError(f"{iter_dir} holds no optimizer states for tensor-parallel rank {info.tp_rank} "
+                              f"(train_tp{info.tp_rank}.pt or optim_tp{info.tp_rank}_dp*.pt): it is incomplete; resume from an earlier one")
+        optimizer.load_resharded(saved)
     rng = Path(iter_dir) / f"rng_rank{info.rank}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))

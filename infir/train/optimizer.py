@@ -28,6 +28,22 @@ class _Part:
     layout: tuple = ()  # (index, offset, numel) per view: what a checkpoint's shard must match
 
 
+def _saved_parts(saved: list[dict], numel: list[int]):
+    """(layout, optimizer state_dict) of every optimizer in `saved`: a replicated state_dict holds every
+    parameter whole, in index order."""
+    for state in saved:
+        if "shards" in state:
+            yield from ((layout, sd) for layout, sd in zip(state["shards"], state["optimizers"]) if sd is not None)
+        else:
+            yield tuple((i, 0, n) for i, n in enumerate(numel)), state
+
+
+def _unpacked(entry: dict) -> dict:
+    from infir.optim.base import unpacked_state
+
+    return unpacked_state(entry)
+
+
 def weight_decay_groups(params: list, weight_decay: float) -> list[dict]:
     """Decoupled weight decay on matrices only (not on norms and biases): matrices first, the order
     in which every param (or shard of it) is indexed."""
@@ -52,8 +68,9 @@ class DataParallelOptimizer:
         self.group = ddp.intra_dp_cp_group if self.sharded else None
         groups = weight_decay_groups(params, weight_decay)
         order = [p for g in groups for p in g["params"]]
+        self._numel = [p.numel() for p in order]  # by index: the whole parameters' sizes
         if not self.sharded:
-            self.parts = [_Part(build(groups), order)]
+            self.parts = [_Part(build(groups), order, layout=tuple((i, 0, p.numel()) for i, p in enumerate(order)))]
         else:
             index = {p: i for i, p in enumerate(order)}
             self.parts = [self._bucket_part(buffer, bucket, index, build, weight_decay)
@@ -70,7 +87,7 @@ class DataParallelOptimizer:
         size = bucket.grad_data.numel() // ranks
         lo = bucket.offset + rank * size
         hi = lo + size
-        views, layout = [], []
+        views = []
         for p in sorted(bucket.params, key=lambda q: buffer.param_index_map[q][0]):
             start, end, _ = buffer.param_index_map[p]
             a, b = max(start, lo) - start, min(end, hi) - start
@@ -80,10 +97,10 @@ class DataParallelOptimizer:
             view.main_grad = p.main_grad.view(-1)[a:b]
             view.whole = p
             views.append(view)
-            layout.append((index[p], a, b - a))
         groups = [g for g in weight_decay_groups(views, weight_decay) if g["params"]]
         views = [v for g in groups for v in g["params"]]
-        return _Part(build(groups) if groups else None, views, bucket, tuple(layout))
+        layout = tuple((v.shard.index, v.shard.offset, v.numel()) for v in views)
+        return _Part(build(groups) if groups else None, views, bucket, layout)
 
     @property
     def shard_rank(self) -> int:
@@ -172,19 +189,46 @@ class DataParallelOptimizer:
         return {"shards": [part.layout for part in self.parts],
                 "optimizers": [None if part.optimizer is None else part.optimizer.state_dict() for part in self.parts]}
 
+    def layout_matches(self, state: dict) -> bool:
+        """Whether `state` (a state_dict() of a run) holds exactly this rank's views, as they are cut here."""
+        if not self.sharded:
+            return "shards" not in state
+        return state.get("shards") == [part.layout for part in self.parts]
+
     def load_state_dict(self, state: dict) -> None:
+        """States saved by a rank whose views were cut as this one's (`layout_matches`)."""
+        if not self.layout_matches(state):
+            raise ValueError("the saved optimizer states are cut otherwise than this rank's views: use load_resharded")
         if not self.sharded:
             self.parts[0].optimizer.load_state_dict(state)
             return
-        if state.get("shards") != [part.layout for part in self.parts]:
-            from infir.train.config import ConfigError
-
-            raise ConfigError("the checkpoint's optimizer shards do not match this run's: it was written with another "
-                             "data-parallel size, bucket size or model; resume with the layout that wrote it "
-                             "(parallel.tp, the number of processes, optimizer.bucket_size)")
         for part, saved in zip(self.parts, state["optimizers"]):
             if part.optimizer is not None:
                 part.optimizer.load_state_dict(saved)
+
+    def load_resharded(self, saved: list[dict]) -> None:
+        """This rank's states from the state_dict()s of every rank of a run with another number of shards
+        (replicated, or sharded over another data-parallel size or bucket size): each parameter's state is
+        joined from the saved ranges and cut into this rank's."""
+        from infir.optim.ranges import merge_ranges, state_range
+
+        wanted = {i for part in self.parts for i, _, _ in part.layout}
+        pieces: dict[int, list] = {}
+        for layout, sd in _saved_parts(saved, self._numel):
+            for j, (index, offset, numel) in enumerate(layout):
+                if index in wanted and j in sd["state"]:
+                    pieces.setdefault(index, []).append((offset, numel, _unpacked(sd["state"][j])))
+        for part in self.parts:
+            if part.optimizer is None:
+                continue
+            grouped = getattr(part.optimizer, "GROUPED_STATES", {})
+            target = part.optimizer.state_dict()
+            target["state"] = {}
+            for j, ((index, offset, numel), view) in enumerate(zip(part.layout, part.views)):
+                if index in pieces:
+                    whole = merge_ranges(pieces[index], self._numel[index], grouped)
+                    target["state"][j] = state_range(whole, offset, offset + numel, view.shape, grouped)
+            part.optimizer.load_state_dict(target)
 
 
 def overlap_gathers_with_forward(model: torch.nn.Module, optimizer: DataParallelOptimizer) -> None:

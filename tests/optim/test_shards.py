@@ -54,3 +54,44 @@ def test_a_flash_adamw_shard_must_start_on_a_group():
     view.grad = torch.zeros_like(view)
     with pytest.raises(ValueError, match="multiple of 32"):
         build_optimizer("flash_adamw", [view], lr=1e-2, fused=False).step()
+
+
+@pytest.mark.parametrize("name", ["adamw", "flash_adamw", "sr_adamw"])
+def test_states_recut_into_other_shards_continue_the_same_steps(name):
+    """Shard states joined per parameter and cut at other boundaries (ranges.py: a checkpoint resumed at
+    another data-parallel size) carry on exactly as the whole parameter's optimizer does."""
+    from infir.optim.base import unpacked_state
+    from infir.optim.ranges import merge_ranges, state_range
+
+    dtype = torch.float32 if name == "adamw" else torch.bfloat16
+    kw = dict(lr=1e-2, weight_decay=0.1, fused=False)
+    whole = _param(dtype)
+    one = build_optimizer(name, [whole], **kw)
+    sharded = _param(dtype)
+
+    def run(cuts, views, opts, steps):
+        for step in steps:
+            g = _grads(step)
+            for v, a, b in zip(views, cuts, cuts[1:]):
+                v.grad = g.view(-1)[a:b].to(dtype)
+            for opt in opts:
+                opt.step()
+
+    for step in range(3):
+        whole.grad = _grads(step).to(dtype)
+        one.step()
+    views = [shard_view(sharded, a, b, index=0) for a, b in zip(CUTS, CUTS[1:])]
+    opts = [build_optimizer(name, [v], **kw) for v in views]
+    run(CUTS, views, opts, range(2))
+    grouped = getattr(opts[0], "GROUPED_STATES", {})
+    pieces = [(a, b - a, unpacked_state(o.state_dict()["state"][0])) for o, a, b in zip(opts, CUTS, CUTS[1:])]
+    merged = merge_ranges(pieces, whole.numel(), grouped)
+    other = (0, 384, 768)
+    new_views = [shard_view(sharded, a, b, index=0) for a, b in zip(other, other[1:])]
+    new_opts = [build_optimizer(name, [v], **kw) for v in new_views]
+    for o, v, a, b in zip(new_opts, new_views, other, other[1:]):
+        sd = o.state_dict()
+        sd["state"] = {0: state_range(merged, a, b, v.shape, grouped)}
+        o.load_state_dict(sd)
+    run(other, new_views, new_opts, [2])
+    assert torch.equal(whole, sharded)
