@@ -5,7 +5,8 @@
     python launch/parallel_check.py --out outputs/parallel_check --md BENCH_parallel.md -- model=qwen2.5-0.5b ...
 
 Layouts: `single` (1 rank), `tp2` (2 ranks, parallel=tp2: tensor + sequence parallel), `dp2` (2 ranks,
-parallel=single: data parallel), `cp2` (2 ranks, parallel.cp=2: context parallel). Every layout sees the
+parallel=single: data parallel, optimizer states sharded), `dp2_replicated` (the same with replicated states),
+`cp2` (2 ranks, parallel.cp=2: context parallel), `tp2dp2` (4 ranks: TP=2 x DP=2). Every layout sees the
 same global batch, so the loss curves must agree up to reduction order (bf16: ~1e-2 relative; fp32: ~1e-5). The table gives per layout: steps compared,
 max relative loss difference vs single, final loss, median tokens/s after warm-up and ratio vs single,
 peak memory; headed by device, versions, the exact command and the date: what a reader needs to
@@ -27,7 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LAYOUTS = {"single": (1, ["parallel=single"]), "tp2": (2, ["parallel=tp2"]), "dp2": (2, ["parallel=single"]),
-           "cp2": (2, ["parallel=single", "parallel.cp=2"])}
+           "cp2": (2, ["parallel=single", "parallel.cp=2"]), "tp2dp2": (4, ["parallel=tp2"]),
+           "dp2_replicated": (2, ["parallel=single", "optimizer.distributed=false"])}
 WARMUP_FRACTION = 0.1
 
 
