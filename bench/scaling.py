@@ -7,38 +7,50 @@
 
 `project` and `validate` read result files only (bench/results/*/: bench/step.py's steps, this script's
 bandwidth), so they run on any machine. The model itself is bench/scaling_model.py: compute from a measured
-step (one GPU's where there is one; else a step of several GPUs with its profiled communication taken out:
-7B with AdamW does not fit one 80 GB GPU), priced by FLOPs; communication from infir.train.comm_volume's
-volumes over the measured bus bandwidth, hierarchical across nodes. The projection keeps InfiR2's CPT
-batch of 4M tokens a step at every GPU count (`--global-tokens`; `--accum` grows it with the GPUs
-instead). `validate` prices each measured step as it ran, from another measured step, under the
-trainer's data parallelism (megatron DDP, FP32 gradients all-reduced after the last micro-batch: the
-`--dp-mode`, `--grad-dtype` and `--dp-overlap` defaults of `validate`).
+step (one GPU's where there is one; else a step of several GPUs with its communication taken out: 7B with
+AdamW does not fit one 80 GB GPU), priced by its counts; communication from infir.train.comm_volume's
+volumes over the measured bus bandwidth, hierarchical across nodes. Each case's data parallelism is the
+trainer's for its optimizer overrides: by default ZeRO-1, overlapped, wherever DP x CP > 1; with
+`+optimizer.distributed=false,optimizer.overlap_grad_reduce=false`, replicated states and one all-reduce
+after the backward. What overlapped collectives take from the compute beside them is measured: a
+data-parallel step against its one-GPU twin (`validate` prices each step with the contention of the
+others). A step's
+micro-batches per rank come from its own tokens/s and step time, whatever its `accum` meant when it ran.
+The projection keeps InfiR2's CPT batch of 4M tokens a step at every GPU count (`--global-tokens`;
+`--accum` grows it with the GPUs instead). `validate` prices each measured step as it ran, from another
+measured step.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, markdown_table  # noqa: E402
 from report import Run, is_number, load_run, load_runs, parallel, world_size  # noqa: E402
-from scaling_model import BusBandwidth, Case, ComputeRates, Network, Overlap, predict  # noqa: E402
+from scaling_model import (  # noqa: E402
+    BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
+)
 
 from infir.model.qwen import get_size  # noqa: E402
-from infir.train.comm_volume import FP8_PARAM_BYTES, OPS, DataParallel, Layout, ring_factor  # noqa: E402
+from infir.train.comm_volume import (  # noqa: E402
+    OPS, DataParallel, Layout, rank_params, ring_factor, trainer_data_parallel,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LAYOUTS = [  # MODEL:SEQ:LAYOUT:RECOMPUTE, InfiR2's CPT layouts (1.5B at TP=2, 7B at TP=4 for 32k) and neighbours
     "qwen2.5-1.5b:8192:tp1:none", "qwen2.5-1.5b:32768:tp2:full",
     "qwen2.5-7b:8192:tp2:full", "qwen2.5-7b:32768:tp4:full", "qwen2.5-7b:32768:tp2cp2:full",
 ]
-MEGATRON_BUCKET_ELEMS = 40_000_000  # megatron DDP's bucket size where it overlaps (40M elements at DP <= 40)
+
+
+ONE_GPU = (Network(BusBandwidth.flat(1.0)), "", True)  # network() of a device whose steps ran on one GPU only
 
 
 def fail(message: str) -> None:
@@ -112,6 +124,10 @@ def measure(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------- result files
+DP_FIELDS = ("distributed", "overlap_grad_reduce", "bucket_size", "grad_reduce_dtype")  # optimizer.* that shape DP
+DP_ONLY = ("optimizer.distributed=", "optimizer.overlap_grad_reduce=", "optimizer.bucket_size=")  # no GPU's compute
+
+
 @dataclass(frozen=True)
 class Measured:
     """One row of a bench/step.py result: the step as it ran."""
@@ -119,7 +135,7 @@ class Measured:
     run: Run
     row: dict
     layout: Layout
-    case: str  # the precision and its overrides other than parallel.*
+    case: str  # what a GPU computes: the precision and its overrides other than parallel.* and DP-only ones
     shares: dict | None  # its profile's shares of GPU time, by kernel class
 
     @property
@@ -128,12 +144,48 @@ class Measured:
 
     @property
     def label(self) -> str:
-        return f"{self.row['model']} s{self.row['seq']} {self.case} ({self.run.folder.name}/{self.run.kind})"
+        return f"{self.row['model']} s{self.row['seq']} {self.row['precision']} ({self.run.folder.name}/{self.run.kind})"
 
-    def rates(self) -> ComputeRates:
+    @property
+    def micro_batches(self) -> int | None:
+        """Micro-batches per data-parallel rank a step, from the row's own figures: tokens a step (tokens/s x step
+        time) over the rows' tokens and the DP size. Its `accum` once counted the step's micro-batches of all
+        ranks, now those of each; None where the figures give no whole number."""
         r = self.row
-        return ComputeRates.from_step(get_size(r["model"]), r["seq"], r["mbs"] * r["accum"] * r["seq"], r["step_ms"],
-                                      self.layout, self.shares, self.label)
+        if not all(is_number(r.get(k)) for k in ("tokens/s", "step_ms", "mbs", "seq")):
+            return None
+        per_rank = r["tokens/s"] * r["step_ms"] / 1e3 / (r["mbs"] * r["seq"] * self.layout.dp)
+        n = round(per_rank)
+        return n if n >= 1 and abs(per_rank - n) <= 0.05 * per_rank else None  # step_ms has 3 significant digits
+
+    @property
+    def dp(self) -> DataParallel:
+        """Its data parallelism, as the trainer ran it: its optimizer overrides on its layout."""
+        return trainer_data_parallel(optimizer_config(self.row["precision"]), self.layout)
+
+    def priced(self) -> Case:
+        r = self.row
+        return Case(get_size(r["model"]), r["seq"], r["mbs"], self.micro_batches, self.layout, fp8_sp_gather(self.case))
+
+    def rates(self, net: Network, contention: float) -> ComputeRates:
+        """Its compute rates, from its time less its communication: the model's own data-parallel cost (`net`,
+        `contention`) of a DP step, whose profile cannot tell what an overlapped collective took from the compute
+        beside it; the profiled collectives of any other (TP/CP ones, which the step waits on; where DP runs
+        beside TP/CP, the profile cannot tell them apart and takes all of them out)."""
+        r, lay, size = self.row, self.layout, get_size(self.row["model"])
+        owned = rank_params(size, lay.tp) / (lay.grad_ranks if self.dp.mode == "zero1" else 1)
+
+        def rates_at(ms: float) -> ComputeRates:
+            return ComputeRates.from_step(size, r["seq"], self.micro_batches * lay.dp * r["mbs"] * r["seq"], ms, lay,
+                                          self.shares, owned, self.label)
+
+        if lay.grad_ranks == 1 or lay.tp * lay.cp > 1:
+            return rates_at(profiled_compute_ms(r["step_ms"], self.shares) if self.shares else r["step_ms"])
+        rates = rates_at(r["step_ms"])
+        for _ in range(3):  # its overlap windows depend on the compute the DP cost leaves: a few rounds settle it
+            cost = predict(self.priced(), rates, net, self.dp, Overlap(dp_contention=contention))["dp_cost_ms"]
+            rates = rates_at(r["step_ms"] - cost)
+        return rates
 
 
 def overrides(precision: str) -> list[str]:
@@ -141,9 +193,40 @@ def overrides(precision: str) -> list[str]:
 
 
 def case_of(precision: str) -> str:
-    """The precision with its overrides other than parallel.* (which the layout holds)."""
-    rest = [o for o in overrides(precision) if not o.startswith("parallel.")]
+    """What a GPU computes: the precision with its overrides other than parallel.* (which the layout holds)
+    and those that only choose how data parallelism communicates."""
+    rest = [o for o in overrides(precision) if not o.startswith(("parallel.", *DP_ONLY))]
     return "+".join([precision.partition("+")[0], ",".join(rest)]) if rest else precision.partition("+")[0]
+
+
+def default_optimizer() -> str:
+    """conf/config.yaml's optimizer: the trainer's where a case names none."""
+    import yaml
+
+    defaults = yaml.safe_load((REPO / "conf" / "config.yaml").read_text())["defaults"]
+    return next(d["optimizer"] for d in defaults if isinstance(d, dict) and "optimizer" in d)
+
+
+@functools.lru_cache(maxsize=None)
+def optimizer_config(precision: str):
+    """The trainer's optimizer config for a case: its `optimizer=` (else the default) with its `optimizer.*`
+    overrides that shape data parallelism, checked as the trainer checks them."""
+    import yaml
+
+    from infir.train.config import ConfigError
+    from infir.train.schema import OptimizerConfig
+
+    name, keys = default_optimizer(), {}
+    for o in overrides(precision):
+        key, _, value = o.lstrip("+").partition("=")
+        if key == "optimizer":
+            name = value
+        elif key.startswith("optimizer.") and key.split(".", 1)[1] in DP_FIELDS:
+            keys[key.split(".", 1)[1]] = yaml.safe_load(value)
+    try:
+        return OptimizerConfig(name=name, **keys)
+    except ConfigError as e:
+        fail(f"case {precision!r}: {e}")
 
 
 def run_layout(run: Run, row: dict) -> Layout:
@@ -181,7 +264,7 @@ def step_records(runs: list[Run]) -> list[Measured]:
             if not is_number(row.get("step_ms")) or row.get("precision", "").partition("+")[0] not in RECIPES:
                 continue
             m = Measured(run, row, run_layout(run, row), case_of(row["precision"]), profile_shares(run, row))
-            key = (row["model"], row["seq"], row.get("mbs"), row.get("accum"), m.case, m.layout, m.device)
+            key = (row["model"], row["seq"], row.get("mbs"), row.get("accum"), row["precision"], m.layout, m.device)
             newest[key] = m
     return list(newest.values())
 
@@ -194,18 +277,53 @@ def compute_path(layout: Layout) -> tuple[bool, bool]:
 
 def pick_source(sources: list[Measured], model: str, seq: int, layout: Layout, case: str, device: str,
                 exclude_own: bool = False) -> Measured | None:
-    """The measured step to take compute from: the same recompute, case and compute path, profiled where it
-    ran on several GPUs (to take its communication out), and with exclude_own not this model, length and
-    layout; then, in order, on `device` (a fragment of its name), of the same model (else the nearest in
-    size), of the nearest length, on one GPU, profiled, newest. Another model's step, priced by FLOPs, misses
-    most (see validate), so the model comes right after the device."""
-    pool = [s for s in sources if s.layout.recompute == layout.recompute and s.case == case
-            and compute_path(s.layout) == compute_path(layout) and (s.shares or s.layout.gpus == 1)
+    """The measured step to take compute from: one of the same recompute, case (what a GPU computes) and compute
+    path, of whole micro-batches, profiled where it ran on several GPUs (to take its communication out), and
+    with exclude_own not this model, length and layout; then, in order, on `device` (a fragment of its name),
+    of the same model (else the nearest in size), of the nearest length, without data parallelism, on one GPU,
+    with the trainer's default data parallelism (no DP-only overrides: what project prices, and what the
+    measured contention describes), profiled, newest. Another model's step, priced by its counts, misses most
+    (see validate), so the model comes right after the device."""
+    pool = [s for s in sources if s.layout.recompute == layout.recompute and s.case == case and s.micro_batches
+            and (s.shares or s.layout.gpus == 1) and compute_path(s.layout) == compute_path(layout)
             and not (exclude_own and (s.row["model"], s.row["seq"], s.layout) == (model, seq, layout))]
     pool.sort(key=lambda s: s.run.env.get("date", ""), reverse=True)  # ties go to the newest
     params = get_size(model).num_params()
     return min(pool, key=lambda s: (device not in s.device, abs(math.log(get_size(s.row["model"]).num_params() / params)),
-                                    abs(math.log(s.row["seq"] / seq)), s.layout.gpus > 1, s.shares is None), default=None)
+                                    abs(math.log(s.row["seq"] / seq)), s.layout.grad_ranks > 1, s.layout.gpus > 1,
+                                    any(o.startswith(DP_ONLY) for o in overrides(s.row["precision"])),
+                                    s.shares is None), default=None)
+
+
+def contention_pairs(records: list[Measured], nets: dict) -> list[tuple[Measured, Measured, float]]:
+    """Each data-parallel step that overlapped its communication (one GPU a replica) with its one-GPU twin (the
+    same model, length, rows, case and recompute on the same device), and the contention it shows: its time
+    beyond the model's with the overlap free, over its overlapped communication's time at intra-node bandwidth."""
+    pairs = []
+    for m in records:
+        if not (m.layout.grad_ranks > 1 and m.layout.tp * m.layout.cp == 1 and m.dp.overlap and m.micro_batches
+                and m.device in nets):
+            continue
+        twin = next((s for s in records if s.layout.gpus == 1 and s.device == m.device and s.case == m.case
+                     and s.micro_batches and all(s.row[k] == m.row[k] for k in ("model", "seq", "mbs", "recompute"))), None)
+        if twin is None:
+            continue
+        net = nets[m.device][0]
+        free = predict(m.priced(), twin.rates(net, 0.0), net, m.dp, Overlap())
+        if free["dp_hidden_ms"] > 0:
+            pairs.append((m, twin, max(0.0, (m.row["step_ms"] - free["step_ms"]) / free["dp_hidden_ms"])))
+    return pairs
+
+
+def measured_contention(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
+    """The mean contention of the pairs on `device` (else of all), leaving out those `leave_out` is part of, and a
+    line saying where it comes from; 0 (overlap free) where there is none."""
+    pool = [(m, c) for m, twin, c in pairs if leave_out is not m and leave_out is not twin]
+    here = [(m, c) for m, c in pool if device in m.device] or pool
+    if not here:
+        return 0.0, "no data-parallel step measured beside its one-GPU twin: overlap assumed free"
+    steps = ", ".join(sorted(f"{m.row['precision']} ({m.device})" for m, _ in here))
+    return sum(c for _, c in here) / len(here), f"measured: DP steps against their one-GPU twins, {steps}"
 
 
 def bandwidth_runs(runs: list[Run], paths: list[Path]) -> list[Run]:
@@ -274,20 +392,33 @@ def fp8_sp_gather(case: str) -> bool:
     return r.fp8 and r.input.granularity == "token"
 
 
-def data_parallel(args, case: str, dp: int) -> DataParallel:
-    """The gradient reduction the options describe; megatron buckets only where it overlaps, by the DP size."""
-    r = recipe_of(case)
-    fp8_params = args.fp8_param_gather and r.fp8 and r.weight.granularity == "block"
-    return DataParallel(args.dp_mode, 4 if args.grad_dtype == "fp32" else 2, FP8_PARAM_BYTES if fp8_params else 2,
-                        max(MEGATRON_BUCKET_ELEMS, 1_000_000 * dp) if args.dp_overlap else None)
+def device_networks(args, runs: list[Run], records: list[Measured]) -> dict:
+    """network() for each device that ran a step on several GPUs."""
+    return {d: network(args, runs, d) for d in sorted({m.device for m in records if m.layout.gpus > 1})}
 
 
-def assumptions(args, net_line: str) -> str:
-    fp8_params = args.dp_mode == "zero1" and args.fp8_param_gather
-    dp = (f"{args.dp_mode} over the DP x CP ranks, {args.grad_dtype} gradients"
-          + (", FP8 parameter gather for the block-scaled FP8 recipes" if fp8_params else "")
-          + (", overlapped with the last backward / next forward" if args.dp_overlap else ", not overlapped"))
-    return (f"assumed: {net_line}; data parallel: {dp}; TP/CP communication {100 * (1 - args.tp_hidden):g}% exposed")
+def data_parallel(args, precision: str, layout: Layout) -> DataParallel:
+    """A projected case's data parallelism: the trainer's for its optimizer overrides, with block-scaled FP8
+    recipes' parameters gathered in FP8 where --fp8-param-gather asks (the trainer does not, yet)."""
+    r = recipe_of(precision)
+    fp8 = args.fp8_param_gather and r.fp8 and r.weight.granularity == "block"
+    return trainer_data_parallel(optimizer_config(precision), layout, fp8_params=fp8)
+
+
+def describe(dp: DataParallel) -> str:
+    grads = "FP32" if dp.grad_bytes == 4 else "BF16"
+    if dp.mode == "zero1":
+        params = {4: "FP32", 2: "BF16"}.get(dp.param_bytes, "FP8 + block scales")
+        kind = f"ZeRO-1 ({grads} gradients reduce-scattered, {params} parameters all-gathered"
+    else:
+        kind = f"DDP ({grads} gradients all-reduced"
+    return kind + (", overlapped)" if dp.overlap else ", not overlapped)")
+
+
+def assumptions(args, net_line: str, dp_line: str, contention: str) -> str:
+    return (f"assumed: {net_line}; data parallel over the DP x CP ranks: {dp_line}; overlapped data-parallel "
+            f"communication's contention with compute: {contention}; TP/CP communication "
+            f"{100 * (1 - args.tp_hidden):g}% exposed")
 
 
 # ----------------------------------------------------------------------------------------------- project
@@ -304,7 +435,8 @@ def parse_spec(spec: str) -> tuple[str, int, int, int, str]:
     return parts[0], int(parts[1]), int(m.group(1)), int(m.group(2) or 1), parts[3]
 
 
-def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None, net: Network) -> dict:
+def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None, rates: ComputeRates | None,
+                net: Network, contention: float) -> dict:
     model, seq, tp, cp, recompute = parse_spec(spec)
     row = {"model": model, "seq": seq, "replica": f"tp{tp}" + (f"cp{cp}" if cp > 1 else ""), "recompute": recompute,
            "precision": precision, "GPUs": gpus}
@@ -318,10 +450,11 @@ def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None
         return {**row, "step_ms": f"{args.global_tokens} tokens do not split into {layout.dp} x micro-batches "
                                   f"of {args.mbs} x {seq}"}
     case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision))
-    dp, rates = data_parallel(args, precision, layout.dp), src.rates()
-    pred = predict(case, rates, net, dp, Overlap(args.dp_overlap, args.tp_hidden))
-    if args.dp_overlap:  # beside it, the same step with its data-parallel communication in full view
-        pred["efficiency, DP not overlapped"] = predict(case, rates, net, dp, Overlap(False, args.tp_hidden))["efficiency"]
+    dp = data_parallel(args, precision, layout)
+    pred = predict(case, rates, net, dp, Overlap(args.tp_hidden, contention))
+    if dp.overlap:  # beside it, the same step with its data-parallel communication in full view
+        pred["efficiency, DP not overlapped"] = predict(case, rates, net, replace(dp, overlap=False),
+                                                        Overlap(args.tp_hidden))["efficiency"]
     return {**row, "dp": layout.dp, "micro-batches": micro, **pred, "source": src.label}
 
 
@@ -329,20 +462,27 @@ def project(args) -> None:
     runs = load_runs(*args.results)
     sources = step_records(runs)
     net, net_line, _ = network(args, runs, args.device)
-    rows = []
+    nets = device_networks(args, runs, sources)
+    contention, contention_line = (args.dp_contention, "--dp-contention") if args.dp_contention is not None \
+        else measured_contention(contention_pairs(sources, nets), args.device)
+    rows, dp_lines = [], {}
     for spec in args.layouts:
         model, seq, tp, cp, recompute = parse_spec(spec)
         for precision in args.precisions:
-            src = pick_source(sources, model, seq, Layout(tp=tp, cp=cp, recompute=recompute), precision, args.device)
-            rows += [project_row(args, spec, precision, gpus, src, net) for gpus in args.gpus]
+            dp_lines[precision] = describe(data_parallel(args, precision, Layout(tp=tp, cp=cp, dp=2)))
+            src = pick_source(sources, model, seq, Layout(tp=tp, cp=cp, recompute=recompute), case_of(precision),
+                              args.device)
+            rates = src.rates(nets.get(src.device, ONE_GPU)[0], contention) if src else None
+            rows += [project_row(args, spec, precision, gpus, src, rates, net, contention) for gpus in args.gpus]
     columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "step_ms", "compute_ms",
-               "tp_cp_comm_ms", "dp_comm_ms", "dp_exposed_ms", "tokens/s per GPU", "efficiency",
+               "tp_cp_comm_ms", "dp_comm_ms", "dp_cost_ms", "tokens/s per GPU", "efficiency",
                "efficiency, DP not overlapped", "source"]
-    sections = [assumptions(args, net_line),
+    sections = [assumptions(args, net_line, "; ".join(f"{p}: {d}" for p, d in dp_lines.items()),
+                            f"{contention:.2f} ({contention_line})"),
                 ("batch: " + (f"{args.accum} micro-batches of {args.mbs} x seq tokens per data-parallel rank a step (the "
                               "global batch grows with the GPUs)" if args.accum else
                               f"{args.global_tokens} tokens a step at every GPU count, in micro-batches of {args.mbs} x seq")
-                 + "; compute from the measured step each row names (source), priced by FLOPs (bench/scaling_model.py), "
+                 + "; compute from the measured step each row names (source), priced by its counts (bench/scaling_model.py), "
                  f"measured on {args.device} where there is one"),
                 "efficiency = compute / step time: the share of the step not spent waiting on communication",
                 "Projected step:\n\n" + markdown_table(rows, columns)]
@@ -384,23 +524,26 @@ def plot(rows: list[dict], png: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- validate
-def validate_row(args, m: Measured, records: list[Measured], net: tuple[Network, str, bool]) -> dict | None:
+def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: list[tuple]) -> dict | None:
     """The model's step time for a measured step, with compute from another measured step (not of this
-    model, length and layout); None where there is none or the batch does not split over the DP ranks."""
+    model, length and layout) and the contention measured without it; None where there is no source or the
+    step's figures give no whole number of micro-batches per rank."""
     r, lay = m.row, m.layout
     src = pick_source(records, r["model"], r["seq"], lay, m.case, m.device, exclude_own=True)
-    if src is None or r["accum"] % lay.dp:
+    if src is None or not m.micro_batches:
         return None
-    case = Case(get_size(r["model"]), r["seq"], r["mbs"], r["accum"] // lay.dp, lay, fp8_sp_gather(m.case))
-    pred = predict(case, src.rates(), net[0], data_parallel(args, m.case, lay.dp),
-                   Overlap(args.dp_overlap, args.tp_hidden))
+    contention = args.dp_contention if args.dp_contention is not None else measured_contention(pairs, m.device, m)[0]
+    net = nets.get(m.device, ONE_GPU)
+    pred = predict(m.priced(), src.rates(nets.get(src.device, ONE_GPU)[0], contention), net[0], m.dp,
+                   Overlap(args.tp_hidden, contention))
     comm = (m.shares or {}).get("communication")
     return {"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "precision": r["precision"],
-            "layout": lay.name, "GPUs": lay.gpus, "mbs x accum": f"{r['mbs']}x{r['accum']}", "device": m.device,
-            "measured_ms": r["step_ms"], "predicted_ms": pred["step_ms"],
+            "layout": lay.name, "GPUs": lay.gpus, "mbs x micro-batches": f"{r['mbs']}x{m.micro_batches}",
+            "device": m.device, "measured_ms": r["step_ms"], "predicted_ms": pred["step_ms"],
             "error_%": 100 * (pred["step_ms"] - r["step_ms"]) / r["step_ms"], "compute_ms": pred["compute_ms"],
-            "tp_cp_comm_ms": pred["tp_cp_comm_ms"], "profiled_comm_ms": comm * r["step_ms"] if comm else None,
-            "dp_exposed_ms": pred["dp_exposed_ms"],
+            "tp_cp_comm_ms": pred["tp_cp_comm_ms"], "profiled_comm_ms": comm * r["step_ms"] if comm else "",
+            "data parallel": describe(m.dp) if lay.grad_ranks > 1 else "", "dp_comm_ms": pred["dp_comm_ms"],
+            "dp_cost_ms": pred["dp_cost_ms"], "dp_contention": contention if m.dp.overlap and lay.grad_ranks > 1 else "",
             "inputs on its device": "yes" if src.device == m.device and net[2] else "no", "source": src.label}
 
 
@@ -411,8 +554,8 @@ def error_summary(rows: list[dict]) -> str:
     multi = [r for r in rows if r["GPUs"] > 1]
     same = [r for r in multi if r["inputs on its device"] == "yes"]
     return (f"prediction error: 2+ GPUs with compute source and bandwidth measured on the step's own device: {worst(same)} "
-            f"(target <= 10%); all 2+ GPU steps: {worst(multi)}; single-GPU steps from another model or length: "
-            f"{worst([r for r in rows if r['GPUs'] == 1])}")
+            f"(target <= 10%); all 2+ GPU steps: {worst(multi)}; single-GPU steps (from another model, length or "
+            f"layout): {worst([r for r in rows if r['GPUs'] == 1])}")
 
 
 def validate(args) -> None:
@@ -420,30 +563,36 @@ def validate(args) -> None:
     records = step_records(runs)
     if not records:
         fail(f"no bench/step.py result under {' '.join(map(str, args.results))}: nothing to validate against")
-    nets = {d: network(args, runs, d) for d in sorted({m.device for m in records if m.layout.gpus > 1})}
-    one_gpu = (Network(BusBandwidth.flat(1.0)), "", True)  # a single GPU communicates nothing
+    nets = device_networks(args, runs, records)
+    pairs = contention_pairs(records, nets)
     rows, unpriced = [], []
     for m in records:
-        row = validate_row(args, m, records, nets.get(m.device, one_gpu))
+        row = validate_row(args, m, records, nets, pairs)
         if row:
             rows.append(row)
         else:
             unpriced.append(f"{m.label} on {m.layout.name}")
     rows.sort(key=lambda r: (r["GPUs"], r["model"], r["seq"], r["precision"], r["device"]))
-    sections = [assumptions(args, "; ".join(f"{d}: {line}" for d, (_, line, _) in nets.items()) or "one GPU, no network"),
+    contention = ("--dp-contention" if args.dp_contention is not None else
+                  "each DP step's from the other DP steps measured beside their one-GPU twins (column dp_contention; "
+                  + "; ".join(f"{m.label}: {c:.2f}" for m, _, c in pairs) + ")" if pairs else
+                  "0, no data-parallel step measured beside its one-GPU twin: overlap assumed free")
+    sections = [assumptions(args, "; ".join(f"{d}: {line}" for d, (_, line, _) in nets.items()) or "one GPU, no network",
+                            "each step's own, as its optimizer overrides set the trainer (column data parallel)", contention),
                 "each step is priced from another measured step (source: not of its model, length and layout; on its "
-                "device where there is one, else `inputs on its device` says no), with its own layout, micro-batches and "
-                "the data parallelism above; profiled_comm_ms: the step's collectives' kernel time in its profile",
+                "device where there is one, else `inputs on its device` says no), with its own layout and micro-batches "
+                "per rank (from its tokens/s and step time); profiled_comm_ms: the step's collectives' kernel time in "
+                "its profile (overlapped ones included)",
                 error_summary(rows),
                 "Predicted vs measured step:\n\n" + markdown_table(rows)]
     if unpriced:
-        sections.append("not priced (no other measured step of the same recompute, case and compute path, or a batch "
-                        "that does not split over the DP ranks): " + "; ".join(sorted(unpriced)))
+        sections.append("not priced (no other usable measured step of the same recompute, case and compute path, or "
+                        "figures that give no whole number of micro-batches per rank): " + "; ".join(sorted(unpriced)))
     emit("Scaling model vs measured steps (bench/scaling.py validate)", sections, args.out)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
-def model_options(p: argparse.ArgumentParser, dp_mode: str, dp_overlap: bool) -> None:
+def model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results", type=Path, nargs="+", default=[REPO / "bench" / "results"],
                    help="folders of result folders to read (bench/step.py steps, bandwidth)")
     p.add_argument("--bandwidth", type=Path, nargs="*", default=[],
@@ -452,13 +601,9 @@ def model_options(p: argparse.ArgumentParser, dp_mode: str, dp_overlap: bool) ->
     p.add_argument("--inter-gbs", type=float, default=50.0,
                    help="inter-node bandwidth per GPU, GB/s (default 50: 8 x 400 Gb/s InfiniBand per 8-GPU node)")
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--dp-mode", choices=["ddp", "zero1"], default=dp_mode,
-                   help="data parallel: ddp (gradient all-reduce) or zero1 (reduce-scatter + parameter all-gather)")
-    p.add_argument("--grad-dtype", choices=["fp32", "bf16"], default="fp32", help="the gradients' type on the wire")
-    p.add_argument("--dp-overlap", action=argparse.BooleanOptionalAction, default=dp_overlap,
-                   help="data-parallel communication beside the last backward and the next forward (only the excess shows)")
-    p.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=True,
-                   help="zero1: block-scaled FP8 recipes gather FP8 parameters + scales, not BF16")
+    p.add_argument("--dp-contention", type=float,
+                   help="what overlapped data-parallel communication costs the compute beside it, x its intra-node "
+                        "time (default: measured, from data-parallel steps beside their one-GPU twins)")
     p.add_argument("--tp-hidden", type=float, default=0.0,
                    help="share of TP/CP communication hidden behind compute (0: all exposed, as the trainer runs it)")
     p.add_argument("--out", help="write the report (markdown) here, its result file beside it (NAME.json)")
@@ -474,9 +619,14 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--iters", type=int, default=20)
     m.add_argument("--out", help="write the report (markdown) here, its result file beside it (NAME.json)")
     pr = sub.add_parser("project", help="step time, tokens/s per GPU and efficiency on 8-512 GPUs")
-    model_options(pr, dp_mode="zero1", dp_overlap=True)
+    model_options(pr)
+    pr.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=False,
+                    help="ZeRO-1: block-scaled FP8 recipes gather FP8 parameters + scales (the trainer gathers the "
+                         "optimizer's parameter dtype: FP32 for adamw)")
     pr.add_argument("--layouts", nargs="+", default=DEFAULT_LAYOUTS, help="MODEL:SEQ:tpN[cpM]:RECOMPUTE")
-    pr.add_argument("--precisions", nargs="+", default=["bf16", "fp8_blockwise_ue8m0"])
+    pr.add_argument("--precisions", nargs="+", default=["bf16", "fp8_blockwise_ue8m0"],
+                    help="cases as bench/step.py names them: PRECISION[+OVERRIDES], e.g. "
+                         "bf16+optimizer.distributed=false,optimizer.overlap_grad_reduce=false")
     pr.add_argument("--gpus", type=int, nargs="+", default=[8, 64, 512])
     pr.add_argument("--mbs", type=int, default=1, help="rows per micro-batch")
     batch = pr.add_mutually_exclusive_group()
@@ -486,7 +636,7 @@ def parser() -> argparse.ArgumentParser:
     pr.add_argument("--device", default="H100",
                     help="take compute (and bandwidth) measured on this device where there is one")
     v = sub.add_parser("validate", help="predicted vs measured step time of every bench/step.py result")
-    model_options(v, dp_mode="ddp", dp_overlap=False)  # the trainer's DDP (infir/train/loop.py)
+    model_options(v)
     return p
 
 

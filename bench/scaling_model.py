@@ -1,14 +1,17 @@
 """The scaling model's arithmetic, on any machine: a collective's time from measured bus bandwidth, a GPU's
 compute from a measured step, and a training step's time on a TP x CP x DP layout.
 
-Compute. A measured step's GPU time (all its ranks') splits, by its profile's shares, into communication
-(taken out), attention, the optimizer and the rest; the rest is charged to the matmul FLOPs (6 x matmul
-weights a token) and attention to its own FLOPs (6 x layers x hidden x seq a token, causal). Each gives a
-time per FLOP, the optimizer a time per parameter, so another model, length or layout is priced by its
-own counts (infir.train.flops). A layout's GPU does 1/(tp x cp) of its replica's work (tensor parallelism
-splits the matmuls and heads, context parallelism the tokens, load-balanced) and steps the optimizer over
-its own parameters (ZeRO-1: 1/(dp x cp) of them). A single-GPU step without a profile charges all its
-time to the FLOPs of both kinds alike.
+Compute. A measured step's time with its communication taken out splits, by its profile's shares of GPU
+time, into GEMMs, attention, the optimizer and the rest. GEMMs are charged to the matmul FLOPs (6 x
+matmul weights a token), attention to its own FLOPs (6 x layers x hidden x seq a token, causal), the
+optimizer to the parameters it stepped, and the rest (norms, activations, residuals, copies, quantization:
+work on activations, not on weights) to the layers x hidden elements of each token: a model with a wider
+hidden state does more FLOPs per activation element, so pricing that work by FLOPs would charge a larger
+model too much. Another model, length or layout is priced by its own counts (infir.train.flops). A
+layout's GPU does 1/(tp x cp) of its replica's work (tensor parallelism splits the matmuls and heads,
+sequence parallelism the rest, context parallelism the tokens, load-balanced) and steps the optimizer over
+its own parameters (ZeRO-1: 1/(dp x cp) of them). A single-GPU step without a profile charges all its time
+to the FLOPs of both kinds alike.
 
 Communication (infir.train.comm_volume gives what moves). A group of n ranks with g on each of n/g nodes
 runs a collective hierarchically, as NCCL's rings over the nodes' NICs do: the g ranks of a node at the
@@ -16,11 +19,15 @@ intra-node bus bandwidth measured for g ranks at that message size, and between 
 1/g of the buffer at the inter-node bandwidth of one GPU (each GPU has its own NIC). Ranks are placed TP
 first, then CP, then DP (megatron's order), so a TP group of up to a node's GPUs stays inside one.
 
-Step = compute + the exposed part of TP/CP communication (`Overlap.tp_hidden` hidden) + the exposed part
-of data-parallel communication: all of it without overlap; with overlap, the gradient reduction runs
-beside the last micro-batch's backward and the parameter gather beside the next step's first forward,
-and only what exceeds them shows, or at least one bucket of each (the last gradients are ready when
-the backward ends; the first layer waits for its parameters).
+Step = compute + the exposed part of TP/CP communication (`Overlap.tp_hidden` hidden) + the cost of the
+data-parallel communication: all of it where the trainer does not overlap it; where it does (the gradient
+buckets beside the last micro-batch's backward, the parameter gathers beside the optimizer step and the
+next forward), what exceeds those windows, or at least one bucket each way (the last gradients are ready
+when the backward ends; the first layer waits for its parameters), plus the contention of the rest:
+overlapped collectives take SMs and memory bandwidth from the compute beside them, which slows by
+`Overlap.dp_contention` times their time at intra-node bus bandwidth (their work on the GPU, which does not
+depend on how slow the wire behind it is). The contention is measured (bench/scaling.py: a data-parallel
+step against its one-GPU twin).
 """
 from __future__ import annotations
 
@@ -101,38 +108,55 @@ def dense_flops(size: QwenSize) -> float:
     return 6.0 * matmul_params(size)
 
 
+def activation_elements(size: QwenSize) -> float:
+    """A token's elements of the residual stream, over all layers: what the non-GEMM, non-attention work scales with."""
+    return float(size.layers * size.hidden)
+
+
+def profiled_compute_ms(step_ms: float, shares: dict) -> float:
+    """A profiled step's time less its exposed collectives. Shares are fractions of the kernel time, in which
+    overlapped kernels both count: compute kernels fill 1 - communication of it, and the step waits on the
+    collectives alone for `exposed communication` of it (all of communication where not profiled)."""
+    comm = shares.get("communication", 0.0)
+    return step_ms * (1.0 - comm) / (1.0 - comm + shares.get("exposed communication", comm))
+
+
 @dataclass(frozen=True)
 class ComputeRates:
-    """Seconds per matmul FLOP, per attention FLOP and per parameter of the optimizer step, and where
-    they were measured."""
+    """Seconds per matmul FLOP, per attention FLOP, per parameter of the optimizer step and per activation
+    element of the other work, and where they were measured."""
 
     dense_s_per_flop: float
     attention_s_per_flop: float
     optimizer_s_per_param: float
+    elementwise_s_per_elem: float = 0.0
     source: str = ""
 
     @classmethod
-    def from_step(cls, size: QwenSize, seq: int, tokens: int, step_ms: float, layout: Layout, shares: dict | None,
-                  source: str = "") -> "ComputeRates":
-        """From a measured step of `tokens` tokens (all ranks') at `seq` on `layout`, and its profile's shares of
-        GPU time (fractions by kernel class: attention, optimizer and communication are read; None: no
-        profile, possible on one GPU only). Its collectives' time is taken out; the optimizer ran over one
-        TP rank's parameters (the trainer's DDP keeps them whole on every data-parallel rank)."""
+    def from_step(cls, size: QwenSize, seq: int, tokens: int, compute_ms: float, layout: Layout, shares: dict | None,
+                  owned_params: float, source: str = "") -> "ComputeRates":
+        """From a measured step of `tokens` tokens (all ranks') at `seq` on `layout`: `compute_ms`, its time with
+        its communication taken out, split by its profile's shares of GPU time (fractions of kernel time by
+        class: gemm, attention, optimizer and communication are read; None: no profile, possible on one GPU
+        only); the optimizer stepped `owned_params` on each GPU."""
         if not shares and layout.gpus > 1:
             raise ValueError(f"a step on {layout.gpus} GPUs needs its profile to take its communication out ({source})")
-        gpu_s = step_ms / 1e3 * layout.gpus  # GPU-seconds of the step, all ranks
+        gpu_s = compute_ms / 1e3 * layout.gpus  # GPU-seconds of compute, all ranks
         if not shares:
             per_flop = gpu_s / (tokens * flops_per_token(size, seq))
-            return cls(per_flop, per_flop, 0.0, source)
-        attn, opt = shares.get("attention", 0.0), shares.get("optimizer", 0.0)
-        rest = 1.0 - shares.get("communication", 0.0) - attn - opt
-        return cls(rest * gpu_s / (tokens * dense_flops(size)), attn * gpu_s / (tokens * attention_flops(size, seq)),
-                   opt * step_ms / 1e3 / rank_params(size, layout.tp), source)
+            return cls(per_flop, per_flop, 0.0, 0.0, source)
+        kernels = 1.0 - shares.get("communication", 0.0)  # the compute kernels' part of the kernel time
+        attn, opt = (shares.get(k, 0.0) / kernels for k in ("attention", "optimizer"))
+        gemm = shares["gemm"] / kernels if "gemm" in shares else 1.0 - attn - opt  # no GEMM class: all of it to FLOPs
+        return cls(gemm * gpu_s / (tokens * dense_flops(size)), attn * gpu_s / (tokens * attention_flops(size, seq)),
+                   opt * compute_ms / 1e3 / owned_params,
+                   (1.0 - gemm - attn - opt) * gpu_s / (tokens * activation_elements(size)), source)
 
     def replica_micro_batch_s(self, size: QwenSize, seq: int, mbs: int) -> float:
         """One micro-batch's forward and backward on a whole replica (all its GPUs' work)."""
         return mbs * seq * (dense_flops(size) * self.dense_s_per_flop
-                            + attention_flops(size, seq) * self.attention_s_per_flop)
+                            + attention_flops(size, seq) * self.attention_s_per_flop
+                            + activation_elements(size) * self.elementwise_s_per_elem)
 
 
 @dataclass(frozen=True)
@@ -150,11 +174,12 @@ class Case:
 
 @dataclass(frozen=True)
 class Overlap:
-    """dp: data-parallel communication runs beside compute (megatron's overlap_grad_reduce and
-    overlap_param_gather); tp_hidden: the share of TP/CP communication hidden behind compute."""
+    """tp_hidden: the share of TP/CP communication hidden behind compute; dp_contention: what overlapped
+    data-parallel communication still costs the compute beside it, as a multiple of its time at intra-node
+    bus bandwidth (0: overlap is free)."""
 
-    dp: bool = False
     tp_hidden: float = 0.0
+    dp_contention: float = 0.0
 
 
 def group_shape(layout: Layout, group: str) -> tuple[int, int]:
@@ -183,26 +208,39 @@ def backward_share(recompute: str) -> float:
     return 3 / 4 if recompute == "full" else 2 / 3
 
 
+def dp_seconds(case: Case, net: Network, dp: DataParallel, windows: tuple[float, float]) -> tuple[float, float, float]:
+    """(all, exposed, hidden at intra-node bus bandwidth) of the step's data-parallel communication: the
+    gradients' and the parameters' phases beside the compute `windows` they may overlap (s)."""
+    lay = case.layout
+    steps = dp_collectives(case.size, lay, dp)
+    in_node = replace(net, gpus_per_node=max(net.gpus_per_node, lay.gpus))  # the same groups inside one node
+    total = exposed = hidden = 0.0
+    for phase, window in zip(("grads", "params"), windows):
+        t, one_bucket = phase_seconds(steps, phase, lay, net)
+        shown = max(one_bucket, t - window) if dp.overlap else t
+        total, exposed = total + t, exposed + shown
+        if t > 0:
+            hidden += (t - shown) * phase_seconds(steps, phase, lay, in_node)[0] / t
+    return total, exposed, hidden
+
+
 def predict(case: Case, rates: ComputeRates, net: Network, dp: DataParallel, overlap: Overlap) -> dict:
     """The step's time and its parts (ms), tokens/s per GPU, and efficiency: compute over step time, the
-    share of the step not spent waiting on communication."""
+    share of the step not spent waiting on communication. dp_cost_ms: what data parallelism adds to the
+    step (its exposed part and its contention); dp_hidden_ms: its overlapped part, at intra-node bandwidth."""
     lay = case.layout
     mb = rates.replica_micro_batch_s(case.size, case.seq, case.mbs) / (lay.tp * lay.cp)
     owned = rank_params(case.size, lay.tp) / (lay.grad_ranks if dp.mode == "zero1" else 1)
-    compute = case.micro_batches * mb + owned * rates.optimizer_s_per_param
+    optimizer = owned * rates.optimizer_s_per_param
+    compute = case.micro_batches * mb + optimizer
     per_mb = tp_collectives(case.size, case.seq, case.mbs, lay, case.fp8_gather) + cp_collectives(
         case.size, case.seq, case.mbs, lay)
     tp_cp = case.micro_batches * comm_seconds(per_mb, lay, net) * (1.0 - overlap.tp_hidden)
-    steps = dp_collectives(case.size, lay, dp)
-    grads, last_bucket = phase_seconds(steps, "grads", lay, net)
-    params, first_bucket = phase_seconds(steps, "params", lay, net)
-    if overlap.dp:  # the last gradient bucket is ready when the backward ends; the first layer waits for its gather
-        bwd = backward_share(lay.recompute)
-        exposed = max(last_bucket, grads - bwd * mb) + max(first_bucket, params - (1 - bwd) * mb)
-    else:
-        exposed = grads + params
-    step = compute + tp_cp + exposed
+    bwd = backward_share(lay.recompute)  # gradients beside the last backward; parameters beside the step and next forward
+    total, exposed, hidden = dp_seconds(case, net, dp, (bwd * mb, optimizer + (1 - bwd) * mb))
+    cost = exposed + overlap.dp_contention * hidden
+    step = compute + tp_cp + cost
     return {"step_ms": 1e3 * step, "compute_ms": 1e3 * compute, "tp_cp_comm_ms": 1e3 * tp_cp,
-            "dp_comm_ms": 1e3 * (grads + params), "dp_exposed_ms": 1e3 * exposed,
+            "dp_comm_ms": 1e3 * total, "dp_cost_ms": 1e3 * cost, "dp_hidden_ms": 1e3 * hidden,
             "tokens/s per GPU": case.micro_batches * case.mbs * case.seq / (lay.tp * lay.cp) / step,
             "efficiency": compute / step}

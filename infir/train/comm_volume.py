@@ -14,9 +14,12 @@ The trainer's traffic, as infir.model's layers and megatron-core's DDP issue it:
   selective recomputation reruns core attention only, which holds the context-parallel K/V gather.
 - Context parallelism: each layer all-gathers K and V over the CP ranks (kv_heads / tp heads wide: GQA
   keeps them small) and reduce-scatters their gradients.
-- Data parallel, once per step, over the DP x CP ranks (CP ranks hold the same weights): DDP all-reduces
-  the gradients; ZeRO-1 reduce-scatters them and all-gathers the updated parameters (BF16, or FP8 bytes +
-  one FP32 scale per 128x128 block).
+- Data parallel, once per step, over the DP x CP ranks (CP ranks hold the same weights), as
+  infir.train.optimizer runs it (`trainer_data_parallel`): with the states replicated, DDP all-reduces the
+  gradients; with them sharded (ZeRO-1, the default wherever DP x CP > 1) it reduce-scatters them and
+  all-gathers the updated parameters in the optimizer's parameter dtype (FP32 for adamw, BF16 for the BF16
+  optimizers; FP8 bytes + one FP32 scale per 128x128 block is an option the trainer does not run). Gradients
+  move in `optimizer.grad_reduce_dtype`, in megatron's buckets where they overlap the backward, else in one.
 
 Sizes follow nccl-tests: `Collective.bytes` is the whole buffer (the gathered tensor of an all-gather, the
 input of a reduce-scatter or all-reduce), of which each of n ranks sends `ring_factor(op, n)` times.
@@ -28,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from infir.model.qwen import QwenSize
+from infir.train.optimizer import sharded_optimizer
 
 ACT_BYTES = 2  # BF16 activations and activation gradients
 FP8_TOKEN_BYTES = 1 + 4 / 128  # an E4M3 byte, plus one FP32 scale per 1x128 block
@@ -35,6 +39,7 @@ FP8_PARAM_BYTES = 1 + 4 / (128 * 128)  # an E4M3 byte, plus one FP32 scale per 1
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 RECOMPUTE = ("none", "selective", "full")
 DP_MODES = ("ddp", "zero1")
+MEGATRON_BUCKET_ELEMS = 40_000_000  # megatron DDP's smallest default bucket, where it overlaps: max(40M, 1M x DP)
 
 
 def ring_factor(op: str, n: int) -> float:
@@ -79,17 +84,32 @@ class Layout:
 @dataclass(frozen=True)
 class DataParallel:
     """The gradient reduction: `mode` ddp (all-reduce) or zero1 (reduce-scatter + parameter all-gather),
-    bytes per gradient and per gathered parameter, and the bucket size in elements (None: one bucket,
-    megatron's DDP without overlap)."""
+    bytes per gradient and per gathered parameter, the bucket size in elements (None: one bucket,
+    megatron's DDP without overlap), and whether the buckets overlap compute (the gradients' the last
+    backward, the parameters' the optimizer step and the next forward)."""
 
     mode: str = "ddp"
     grad_bytes: float = 4
-    param_bytes: float = 2
+    param_bytes: float = 4
     bucket_elems: int | None = None
+    overlap: bool = False
 
     def __post_init__(self):
         if self.mode not in DP_MODES:
             raise ValueError(f"data-parallel mode {self.mode!r}; valid: {list(DP_MODES)}")
+
+
+def trainer_data_parallel(oc, layout: Layout, fp8_params: bool = False) -> DataParallel:
+    """What the trainer runs for optimizer config `oc` (infir.train.schema.OptimizerConfig) on `layout`:
+    ZeRO-1 where it shards the states, else DDP; gradients in `oc.grad_reduce_dtype`; parameters gathered in
+    the optimizer's parameter dtype, or as FP8 + block scales with `fp8_params`; megatron's buckets
+    (`oc.bucket_size`, else max(40M, 1M x DP) elements) where they overlap, one bucket where not."""
+    from infir.optim import optimizer_spec
+
+    buckets = (oc.bucket_size or max(MEGATRON_BUCKET_ELEMS, 1_000_000 * layout.dp)) if oc.overlap_grad_reduce else None
+    param_bytes = FP8_PARAM_BYTES if fp8_params else optimizer_spec(oc.name).param_dtype.itemsize
+    return DataParallel("zero1" if sharded_optimizer(oc, layout.grad_ranks) else "ddp",
+                        4 if oc.grad_reduce_dtype == "fp32" else 2, param_bytes, buckets, oc.overlap_grad_reduce)
 
 
 @dataclass(frozen=True)

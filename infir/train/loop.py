@@ -31,7 +31,7 @@ from infir.train.gc_control import StepGC
 from infir.train import precision
 from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
-from infir.train.optimizer import DataParallelOptimizer, overlap_gathers_with_forward
+from infir.train.optimizer import DataParallelOptimizer, overlap_gathers_with_forward, sharded_optimizer
 from infir.train.schedule import lr_at, resolve_warmup
 from infir.train.spike import SpikePolicy
 
@@ -99,17 +99,12 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
     return DistributedDataParallel(tcfg, ddp_config(cfg.optimizer, info), model), graphed
 
 
-def sharded_optimizer(oc, info) -> bool:
-    """Whether the optimizer states are sharded over the data-parallel (x context-parallel) ranks."""
-    return (info.dp * info.cp > 1) if oc.distributed is None else bool(oc.distributed)
-
-
 def ddp_config(oc, info):
     """megatron DDP's settings from `optimizer.`: gradient buckets reduced during backward, reduce-scattered
     instead of all-reduced when the optimizer is sharded."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
-    sharded = sharded_optimizer(oc, info)
+    sharded = sharded_optimizer(oc, info.dp * info.cp)
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=oc.grad_reduce_dtype == "fp32",
         overlap_grad_reduce=oc.overlap_grad_reduce,

@@ -54,6 +54,12 @@ def weight_decay_groups(params: list, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if not matrix(p)], "weight_decay": 0.0}]
 
 
+def sharded_optimizer(oc, grad_ranks: int) -> bool:
+    """Whether optimizer config `oc` shards the states over the `grad_ranks` data-parallel (x context-parallel)
+    ranks: `optimizer.distributed`, or, where that is null, whenever there is more than one."""
+    return grad_ranks > 1 if oc.distributed is None else bool(oc.distributed)
+
+
 class DataParallelOptimizer:
     """`build(param_groups)` (an infir.optim optimizer) over the DDP model's parameters, whole, or
     over this rank's share of each bucket when `ddp` was built with `use_distributed_optimizer`.

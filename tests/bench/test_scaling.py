@@ -1,11 +1,12 @@
 """bench/scaling.py and bench/scaling_model.py on CPU: the bandwidth curves, collective and step times derived
-by hand, and the project / validate commands on small result files written here (a single-GPU step, a DP=2
-step, a bandwidth run). The measurement itself needs two GPUs (the gpu test at the end)."""
+by hand, and the project / validate commands on small result files written here (single-GPU steps, DP=2 steps
+sharded and replicated, a bandwidth run). The measurement itself needs two GPUs (the gpu test at the end)."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,14 +18,18 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 import scaling  # noqa: E402
 from _common import markdown_table  # noqa: E402
+from report import Run  # noqa: E402
 from result_file import write_result  # noqa: E402
-from scaling_model import GB, BusBandwidth, Case, ComputeRates, Network, Overlap, predict  # noqa: E402
+from scaling_model import (  # noqa: E402
+    GB, BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
+)
 
-from infir.model.qwen import get_size  # noqa: E402
-from infir.train.comm_volume import DataParallel, Layout, rank_params  # noqa: E402
+from infir.model.qwen import QwenSize, get_size  # noqa: E402
+from infir.train.comm_volume import FP8_PARAM_BYTES, DataParallel, Layout, rank_params  # noqa: E402
 
 MODEL, SEQ = "qwen2.5-1.5b", 4096
 SIZE = get_size(MODEL)
+P = rank_params(SIZE, 1)
 SHARES = {"attention": 0.2, "optimizer": 0.05, "gemm": 0.6, "elementwise/other": 0.15}
 
 
@@ -54,43 +59,91 @@ def test_collectives_inside_a_node_and_across_nodes():
     assert net.seconds("all_reduce", S, 1, 1) == 0
 
 
-def _case(layout: Layout, micro_batches: int = 4) -> Case:
-    return Case(SIZE, SEQ, 2, micro_batches, layout)
+def _case(layout: Layout, micro_batches: int = 4, size: QwenSize = SIZE) -> Case:
+    return Case(size, SEQ, 2, micro_batches, layout)
+
+
+def _rates(shares: dict | None = SHARES) -> ComputeRates:
+    """One GPU, 4 micro-batches of 2 x SEQ in 700 ms."""
+    return ComputeRates.from_step(SIZE, SEQ, 2 * 4 * SEQ, 700.0, Layout(), shares, P)
 
 
 def test_a_step_priced_from_itself_gives_back_its_compute():
-    tokens = 2 * 4 * SEQ
-    rates = ComputeRates.from_step(SIZE, SEQ, tokens, 700.0, Layout(), SHARES)
     net = Network(BusBandwidth.flat(100.0))
-    alone = predict(_case(Layout()), rates, net, DataParallel(), Overlap())
+    alone = predict(_case(Layout()), _rates(), net, DataParallel(), Overlap())
     assert alone["step_ms"] == pytest.approx(700.0) and alone["efficiency"] == pytest.approx(1.0)
-    assert alone["tokens/s per GPU"] == pytest.approx(tokens / 0.7)
-    # a TP=2 step whose profile gives 10% to its collectives: compute is the other 90% of it
-    shares = {"communication": 0.1, "attention": 0.2, "optimizer": 0.05}
-    tp2 = ComputeRates.from_step(SIZE, SEQ, tokens, 400.0, Layout(tp=2), shares)
+    assert alone["tokens/s per GPU"] == pytest.approx(2 * 4 * SEQ / 0.7)
+    assert predict(_case(Layout()), _rates(None), net, DataParallel(), Overlap())["step_ms"] == pytest.approx(700.0)
+    # a TP=2 step whose profile gives 10% of its kernel time to collectives it waited on: compute is the rest
+    shares = {"communication": 0.1, "attention": 0.2, "optimizer": 0.05, "gemm": 0.5}
+    ms = profiled_compute_ms(400.0, shares)
+    assert ms == pytest.approx(360.0)
+    tp2 = ComputeRates.from_step(SIZE, SEQ, 2 * 4 * SEQ, ms, Layout(tp=2), shares, rank_params(SIZE, 2))
     assert predict(_case(Layout(tp=2)), tp2, net, DataParallel(), Overlap())["compute_ms"] == pytest.approx(360.0)
+    # collectives that ran beside compute: kernel time = compute + communication, the step waited only the exposed part
+    assert profiled_compute_ms(400.0, {"communication": 0.3, "exposed communication": 0.05}) == pytest.approx(
+        400.0 * 0.7 / 0.75)
     with pytest.raises(ValueError, match="profile"):
-        ComputeRates.from_step(SIZE, SEQ, tokens, 400.0, Layout(tp=2), None)
+        ComputeRates.from_step(SIZE, SEQ, 2 * 4 * SEQ, 400.0, Layout(tp=2), None, P)
 
 
-def test_data_parallel_time_is_exposed_unless_it_overlaps_and_then_only_its_excess():
-    rates = ComputeRates.from_step(SIZE, SEQ, 2 * 4 * SEQ, 700.0, Layout(), SHARES)
-    P = rank_params(SIZE, 1)
+def test_gemms_are_priced_by_flops_and_the_other_work_by_activation_elements():
+    wide = QwenSize(hidden=2 * SIZE.hidden, layers=SIZE.layers, heads=SIZE.heads, kv_heads=SIZE.kv_heads,
+                    ffn=2 * SIZE.ffn, vocab=SIZE.vocab, tied=SIZE.tied, max_positions=SIZE.max_positions)
+    net = Network(BusBandwidth.flat(100.0))
+
+    def compute(shares, size):
+        return predict(_case(Layout(), size=size), _rates(shares), net, DataParallel(), Overlap())["compute_ms"]
+
+    others = {"elementwise/other": 1.0, "gemm": 0.0}  # norms, activations, copies: twice the hidden, twice the time
+    assert compute(others, wide) == pytest.approx(2 * compute(others, SIZE))
+    from infir.train.flops import matmul_params
+
+    gemms = {"gemm": 1.0}
+    assert compute(gemms, wide) / compute(gemms, SIZE) == pytest.approx(matmul_params(wide) / matmul_params(SIZE))
+
+
+def _zero1(buckets: int = 10) -> DataParallel:
+    return DataParallel("zero1", grad_bytes=4, param_bytes=4, bucket_elems=math.ceil(P / buckets), overlap=True)
+
+
+def test_data_parallel_time_is_exposed_unless_it_overlaps_and_then_its_excess_and_contention():
+    mb = 0.95 * 700.0 / 4  # one micro-batch of the step's compute (the optimizer's 5% aside)
     for gbs in (1000.0, 10.0):  # the gradient all-reduce well under, then well over, a micro-batch's backward
         net = Network(BusBandwidth.flat(gbs))
-        ddp = DataParallel("ddp", grad_bytes=4, bucket_elems=math.ceil(P / 10))  # ten buckets
-        exposed = predict(_case(Layout(dp=2)), rates, net, ddp, Overlap())
-        assert exposed["dp_exposed_ms"] == pytest.approx(1e3 * 4 * P / (gbs * GB))  # 2(n-1)/n = 1 at n=2
-        mb = 0.95 * 700.0 / 4  # one micro-batch of the step's compute (the optimizer's 5% aside)
-        hidden = predict(_case(Layout(dp=2)), rates, net, ddp, Overlap(dp=True))
-        last_bucket = exposed["dp_exposed_ms"] / 10
-        assert hidden["dp_exposed_ms"] == pytest.approx(max(last_bucket, exposed["dp_exposed_ms"] - 2 / 3 * mb))
+        total = 1e3 * 4 * P / (gbs * GB)  # all-reduce at n=2: 2(n-1)/n = 1
+        ddp = DataParallel("ddp", grad_bytes=4, bucket_elems=math.ceil(P / 10))  # ten buckets, not overlapped
+        exposed = predict(_case(Layout(dp=2)), _rates(), net, ddp, Overlap())
+        assert exposed["dp_cost_ms"] == pytest.approx(total) and exposed["dp_hidden_ms"] == 0
+        overlapped = DataParallel("ddp", grad_bytes=4, bucket_elems=math.ceil(P / 10), overlap=True)
+        hidden = predict(_case(Layout(dp=2)), _rates(), net, overlapped, Overlap())
+        shown = max(total / 10, total - 2 / 3 * mb)  # at least the last bucket, after the backward ends
+        assert hidden["dp_cost_ms"] == pytest.approx(shown) and hidden["dp_hidden_ms"] == pytest.approx(total - shown)
         assert hidden["efficiency"] == pytest.approx(hidden["compute_ms"] / hidden["step_ms"])
-    one_bucket = DataParallel("ddp", bucket_elems=None)  # nothing to overlap: the one bucket is ready at the end
-    assert predict(_case(Layout(dp=2)), rates, net, one_bucket, Overlap(dp=True))["dp_exposed_ms"] == pytest.approx(
-        predict(_case(Layout(dp=2)), rates, net, one_bucket, Overlap())["dp_exposed_ms"])
-    zero1 = predict(_case(Layout(dp=4)), rates, net, DataParallel("zero1"), Overlap())
-    assert zero1["compute_ms"] == pytest.approx(0.95 * 700 + 0.05 * 700 / 4)  # each rank steps a quarter of the states
+        # what the hidden part takes from the compute beside it
+        busy = predict(_case(Layout(dp=2)), _rates(), net, overlapped, Overlap(dp_contention=0.5))
+        assert busy["dp_cost_ms"] == pytest.approx(shown + 0.5 * (total - shown))
+    # ZeRO-1: reduce-scatter and all-gather, each (n-1)/n = 1/2 of the buffer; the gathers beside the step and next forward
+    net = Network(BusBandwidth.flat(10.0))
+    half = 1e3 * 4 * P / 2 / (10 * GB)
+    zero1 = predict(_case(Layout(dp=2)), _rates(), net, _zero1(), Overlap())
+    optimizer = 0.05 * 700 / 2
+    assert zero1["compute_ms"] == pytest.approx(0.95 * 700 + optimizer)  # each rank steps half of the states
+    assert zero1["dp_comm_ms"] == pytest.approx(2 * half)
+    assert zero1["dp_cost_ms"] == pytest.approx(max(half / 10, half - 2 / 3 * mb) + max(half / 10, half - optimizer - mb / 3))
+
+
+def test_overlapped_collectives_across_nodes_contend_for_their_intra_node_time():
+    net = Network(BusBandwidth.flat(400.0), inter_gbs=50.0, gpus_per_node=8)
+    layout = Layout(dp=16)
+    big = _case(layout, micro_batches=1000)  # windows far longer than the communication: all but a bucket hidden
+    out = predict(big, _rates(), net, _zero1(), Overlap(dp_contention=1.0))
+    B = 4 * P  # each phase's buffer: FP32 gradients, FP32 parameters
+    wire = B * 7 / 8 / (400 * GB) + B / 8 * 1 / 2 / (50 * GB)  # eight a node over NVLink, then an eighth a rank across
+    in_node = B * 15 / 16 / (400 * GB)  # the same bytes were the sixteen ranks in one node
+    assert out["dp_comm_ms"] == pytest.approx(1e3 * 2 * wire)
+    assert out["dp_hidden_ms"] == pytest.approx(1e3 * 2 * in_node * 9 / 10)
+    assert out["dp_cost_ms"] == pytest.approx(1e3 * 2 * (wire / 10 + in_node * 9 / 10))
 
 
 # ---------------------------------------------------------------------------------- the commands, on files
@@ -106,13 +159,16 @@ def _write(folder: Path, kind: str, title: str, device: str, sections: list[str]
     write_result(folder / f"{kind}.md", text, commit=folder.name[-7:])
 
 
-def _step(folder: Path, kind: str, ranks: int, accum: int, step_ms: float, shares: dict) -> None:
-    row = {"model": MODEL, "precision": "bf16", "seq": SEQ, "mbs": 2, "accum": accum, "recompute": "none",
-           "step_ms": step_ms, "tokens/s": round(2 * accum * SEQ / step_ms * 1e3)}
-    prof = {"case": f"{MODEL} bf16 s{SEQ} none", **{k: f"{100 * v:.1f}%" for k, v in shares.items()}}
+def _step(folder: Path, kind: str, ranks: int, cases: dict[str, tuple[float, dict]]) -> None:
+    """bench/step.py's result: each case (precision: (step_ms, profile shares)) at 4 micro-batches of 2 x SEQ a
+    rank (`accum`, as bench/step.py now counts it)."""
+    rows = [{"model": MODEL, "precision": prec, "seq": SEQ, "mbs": 2, "accum": 4, "recompute": "none", "step_ms": ms,
+             "tokens/s": round(2 * 4 * ranks * SEQ / ms * 1e3)} for prec, (ms, _) in cases.items()]
+    prof = [{"case": f"{MODEL} {prec} s{SEQ} none", **{k: f"{100 * v:.1f}%" for k, v in shares.items()}}
+            for prec, (_, shares) in cases.items()]
     _write(folder, kind, "Training step", "NVIDIA H100 80GB HBM3",
-           [f"parallel: single, {ranks} rank(s); TFLOP/s and MFU per GPU", markdown_table([row]),
-            "GPU time by kernel class (one step):\n\n" + markdown_table([prof])])
+           [f"parallel: single, {ranks} rank(s); TFLOP/s and MFU per GPU", markdown_table(rows),
+            "GPU time by kernel class (one step):\n\n" + markdown_table(prof)])
 
 
 def _bandwidth(folder: Path, gbs: float) -> None:
@@ -121,17 +177,46 @@ def _bandwidth(folder: Path, gbs: float) -> None:
     _write(folder, "scaling_bw_2gpu", "Collective bus bandwidth", "NVIDIA H100 80GB HBM3", ["2 GPUs", markdown_table(rows)])
 
 
+REPLICATED = "+optimizer.distributed=false,optimizer.overlap_grad_reduce=false"
+WIRE_MS = 1e3 * 4 * P / (200.0 * GB)  # the FP32 gradients' all-reduce at 200 GB/s (2(n-1)/n = 1 at n=2); ZeRO-1's
+BUCKETS = math.ceil(P / 40e6)  # reduce-scatter and all-gather (n-1)/n = 1/2 each, in megatron's 40M-element buckets
+CONTENTION = 0.5
+
+
+def _zero1_ms(contention: float) -> float:
+    """The DP=2 ZeRO-1 step, by hand: the compute less half the optimizer, the last gradient bucket and the first
+    parameter bucket exposed, and the rest of both phases hidden, at `contention` of its time."""
+    return 0.95 * 700 + 0.05 * 700 / 2 + WIRE_MS / BUCKETS + contention * WIRE_MS * (1 - 1 / BUCKETS)
+
+
+def _kernel_shares(compute: dict, comm: float, exposed: float) -> dict:
+    """A profile's shares of kernel time: the compute's fractions beside `comm` of collectives."""
+    return {**{k: v * (1 - comm) for k, v in compute.items()}, "communication": comm, "exposed communication": exposed}
+
+
 @pytest.fixture()
 def results(tmp_path) -> Path:
-    """One GPU: 4 micro-batches in 700 ms; DP=2 at 8 micro-batches (4 a rank) in the model's own time for it
-    (the same compute, then the FP32 gradient all-reduce at 200 GB/s, 2(n-1)/n = 1), so validate finds no
-    error; and 200 GB/s measured at every size."""
-    root = tmp_path / "results"
-    _step(root / "2026-01-01-aaaaaaa", "step_1.5b", 1, 4, 700.0, SHARES)
-    dp2_ms = 700.0 + 1e3 * 4 * rank_params(SIZE, 1) / (200.0 * GB)
-    _step(root / "2026-01-01-aaaaaaa", "step_1.5b_dp2", 2, 8, dp2_ms, {**SHARES, "communication": 0.04})
-    _bandwidth(root / "2026-01-01-aaaaaaa", 200.0)
-    return root
+    """One GPU: 4 micro-batches in 700 ms, BF16 and FP8; DP=2 at 4 micro-batches a rank in the model's own time
+    for each (sharded: _zero1_ms at CONTENTION; replicated: the same compute, then the gradient all-reduce), so
+    validate finds no error; and 200 GB/s measured at every size."""
+    root = tmp_path / "results" / "2026-01-01-aaaaaaa"
+    _step(root, "step_1.5b", 1, {"bf16": (700.0, SHARES), "fp8_blockwise_ue8m0": (700.0, SHARES)})
+    sharded = {k: v * 700 / (0.95 * 700 + 0.05 * 350) for k, v in {**SHARES, "optimizer": 0.025}.items()}
+    z1 = (_zero1_ms(CONTENTION), _kernel_shares(sharded, 0.2, 0.01))
+    _step(root, "step_1.5b_dp2", 2, {"bf16": z1, "fp8_blockwise_ue8m0": z1,
+                                     "bf16" + REPLICATED: (700.0 + WIRE_MS, _kernel_shares(SHARES, 0.04, 0.04))})
+    _bandwidth(root, 200.0)
+    return root.parent
+
+
+def test_micro_batches_come_from_each_rows_own_figures():
+    run = Run("step", Path("x"), {"device": "H100"}, [], [])
+    row = {"model": MODEL, "precision": "bf16", "seq": SEQ, "mbs": 2, "recompute": "none", "step_ms": 700.0,
+           "tokens/s": round(2 * 2 * 4 * SEQ / 0.7)}  # DP=2, 4 micro-batches of 2 x SEQ on each rank
+    for accum in (8, 4):  # bench/step.py's accum: all ranks' micro-batches before, each rank's now
+        assert scaling.Measured(run, {**row, "accum": accum}, Layout(dp=2), "bf16", None).micro_batches == 4
+    assert scaling.Measured(run, {**row, "tokens/s": round(2 * 2 * 4.5 * SEQ / 0.7)}, Layout(dp=2), "bf16",
+                            None).micro_batches is None  # no whole number: not priced
 
 
 def test_bandwidth_rows_follow_nccl_tests():
@@ -141,17 +226,43 @@ def test_bandwidth_rows_follow_nccl_tests():
     assert scaling.group_sizes(4) == [2, 4] and scaling.group_sizes(6) == [2, 4, 6]
 
 
-def test_validate_prices_the_dp2_step_from_the_single_gpu_one(results, tmp_path):
+def _validate(results: Path, tmp_path: Path, *argv: str) -> dict:
     out = tmp_path / "out" / "scaling_validate.md"
-    out.parent.mkdir()
-    scaling.main(["validate", "--results", str(results), "--out", str(out)])
-    data = json.loads(out.with_suffix(".json").read_text())
-    rows = {r["GPUs"]: r for r in data["tables"][0]["rows"]}
-    dp2 = rows[2]
-    assert dp2["layout"] == "tp1xdp2" and dp2["inputs on its device"] == "yes"
-    assert "step_1.5b)" in dp2["source"]
-    assert abs(dp2["error_%"]) < 0.5  # printed to 3 digits: the model's own number comes back
-    assert any(n.startswith("prediction error: 2+ GPUs") and "over 1 " in n for n in data["notes"])
+    out.parent.mkdir(exist_ok=True)
+    scaling.main(["validate", "--results", str(results), "--out", str(out), *argv])
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+def test_validate_prices_each_dp2_step_by_its_own_data_parallelism_from_the_single_gpu_one(results, tmp_path):
+    data = _validate(results, tmp_path)
+    rows = {(r["GPUs"], r["precision"]): r for r in data["tables"][0]["rows"]}
+    sharded, replicated = rows[(2, "bf16")], rows[(2, "bf16" + REPLICATED)]
+    assert sharded["data parallel"].startswith("ZeRO-1 (FP32 gradients reduce-scattered, FP32 parameters all-gathered")
+    assert replicated["data parallel"] == "DDP (FP32 gradients all-reduced, not overlapped)"
+    for r in (sharded, replicated, rows[(2, "fp8_blockwise_ue8m0")]):
+        assert r["layout"] == "tp1xdp2" and r["mbs x micro-batches"] == "2x4" and r["inputs on its device"] == "yes"
+        assert "step_1.5b)" in r["source"]  # the one-GPU twin
+        assert abs(r["error_%"]) < 0.5  # printed to 3 digits: the model's own number comes back
+    # each ZeRO-1 step's contention is the other's: measured without the step it prices
+    assert sharded["dp_contention"] == pytest.approx(CONTENTION, abs=0.03) and replicated["dp_contention"] is None
+    assert any(n.startswith("prediction error: 2+ GPUs") and "over 3 " in n for n in data["notes"])
+
+
+def test_a_dp2_step_prices_the_single_gpu_one_with_its_communication_taken_out(results, tmp_path):
+    rows = {(r["GPUs"], r["precision"]): r for r in _validate(results, tmp_path)["tables"][0]["rows"]}
+    one = rows[(1, "bf16")]
+    assert "step_1.5b_dp2)" in one["source"] and one["source"].startswith(f"{MODEL} s{SEQ} bf16 (")  # ZeRO-1, the default
+    assert abs(one["error_%"]) < 0.5 and one["dp_cost_ms"] == 0
+    # priced with its communication left in, the single-GPU step would come out slower by the DP=2 step's excess
+    assert one["predicted_ms"] < 700 + 0.5 * (_zero1_ms(CONTENTION) - 0.95 * 700 - 0.05 * 350)
+
+
+def test_without_a_second_measured_pair_the_overlap_is_free(results, tmp_path):
+    data = _validate(results, tmp_path, "--dp-contention", "0")
+    rows = {(r["GPUs"], r["precision"]): r for r in data["tables"][0]["rows"]}
+    expected = 100 * (_zero1_ms(0.0) - _zero1_ms(CONTENTION)) / _zero1_ms(CONTENTION)
+    assert rows[(2, "bf16")]["error_%"] == pytest.approx(expected, abs=0.3)
+    assert any("contention with compute: --dp-contention" in n for n in data["notes"])
 
 
 def test_project_writes_rows_and_a_figure(results, tmp_path):
@@ -162,11 +273,35 @@ def test_project_writes_rows_and_a_figure(results, tmp_path):
     data = json.loads(out.with_suffix(".json").read_text())
     rows = data["tables"][0]["rows"]
     assert [(r["model"], r["GPUs"], r["micro-batches"]) for r in rows[:2]] == [(MODEL, 8, 8), (MODEL, 16, 4)]
-    assert all(0 < r["efficiency"] <= 1 and r["efficiency, DP not overlapped"] <= r["efficiency"] for r in rows[:2])
+    assert all(0 < r["efficiency"] <= 1 and r["dp_cost_ms"] > 0 for r in rows[:2])
+    assert all("step_1.5b)" in r["source"] for r in rows[:2])  # the one-GPU step, not the DP=2 ones
     assert rows[2]["step_ms"].startswith("no measured step")  # nothing measured at recompute=full
-    assert any(n.startswith("assumed: intra-node bus bandwidth measured in 2026-01-01-aaaaaaa/scaling_bw_2gpu")
-               and "inter-node 50 GB/s per GPU" in n for n in data["notes"])
+    assumed = next(n for n in data["notes"] if n.startswith("assumed: intra-node bus bandwidth measured in "
+                                                            "2026-01-01-aaaaaaa/scaling_bw_2gpu"))
+    assert "inter-node 50 GB/s per GPU" in assumed
+    assert "bf16: ZeRO-1 (FP32 gradients reduce-scattered, FP32 parameters all-gathered, overlapped)" in assumed
+    contention = float(re.search(r"contention with compute: ([\d.]+) \(measured: DP steps against their one-GPU twins",
+                                 assumed).group(1))
+    assert contention == pytest.approx(CONTENTION, abs=0.03)  # both DP=2 ZeRO-1 steps, at 3 printed digits
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_project_takes_each_cases_optimizer_and_fp8_parameter_gather_as_an_option(results, tmp_path):
+    out = tmp_path / "out" / "scaling.md"
+    out.parent.mkdir()
+    argv = ["project", "--results", str(results), "--out", str(out), "--layouts", f"{MODEL}:{SEQ}:tp1:none",
+            "--gpus", "8", "--global-tokens", str(64 * SEQ)]
+    scaling.main([*argv, "--precisions", "fp8_blockwise_ue8m0", "bf16+optimizer=flash_adamw", "bf16" + REPLICATED])
+    notes = json.loads(out.with_suffix(".json").read_text())["notes"]
+    assert "fp8_blockwise_ue8m0: ZeRO-1 (FP32 gradients reduce-scattered, FP32 parameters" in notes[0]
+    assert "bf16+optimizer=flash_adamw: ZeRO-1 (FP32 gradients reduce-scattered, BF16 parameters" in notes[0]
+    assert f"bf16{REPLICATED}: DDP (FP32 gradients all-reduced, not overlapped)" in notes[0]
+    scaling.main([*argv, "--precisions", "fp8_blockwise_ue8m0", "--fp8-param-gather"])
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert "FP8 + block scales parameters all-gathered" in data["notes"][0]
+    # eight ranks: each sends 7/8 of the FP32 gradients, then of the parameters' E4M3 bytes and block scales
+    assert data["tables"][0]["rows"][0]["dp_comm_ms"] == pytest.approx(1e3 * (4 + FP8_PARAM_BYTES) * P * 7 / 8 / (200 * GB),
+                                                                       rel=0.01)
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -174,6 +309,7 @@ def test_project_writes_rows_and_a_figure(results, tmp_path):
     (["project", "--layouts", "qwen2.5-1.5b:8k:tp2:full"], "write MODEL:SEQ:tpN[cpM]:RECOMPUTE"),
     (["project", "--layouts", "qwen9:8192:tp2:full"], "model.name='qwen9' is not a known size"),
     (["validate", "--bandwidth", "/nonexistent.json"], "--bandwidth /nonexistent.json: no such file"),
+    (["project", "--precisions", "bf16+optimizer.grad_reduce_dtype=fp16"], "optimizer.grad_reduce_dtype='fp16' is not valid"),
 ])
 def test_bad_input_fails_with_one_line(results, argv, says):
     argv = [*argv[:1], "--results", str(results), *argv[1:]] if "--results" not in argv else argv

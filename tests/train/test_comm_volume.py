@@ -1,12 +1,14 @@
 """infir.train.comm_volume: each layout's collectives for a tiny model, against counts derived by hand from
-what the layers issue (two column- and two row-parallel linears a layer, the embedding and the LM head)."""
+what the layers issue (two column- and two row-parallel linears a layer, the embedding and the LM head), and
+the data parallelism the trainer's optimizer config selects."""
 import pytest
 
 from infir.model.qwen import QwenSize
 from infir.train.comm_volume import (
     FP8_PARAM_BYTES, FP8_TOKEN_BYTES, DataParallel, Layout, cp_collectives, dp_collectives, rank_params, ring_factor,
-    tp_collectives,
+    tp_collectives, trainer_data_parallel,
 )
+from infir.train.schema import OptimizerConfig
 
 SIZE = QwenSize(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, tied=True, max_positions=256)
 SEQ, MBS = 128, 2
@@ -103,6 +105,21 @@ def test_buckets_split_the_same_bytes_and_cp_ranks_reduce_gradients_too():
     assert Layout(cp=2, dp=3).grad_ranks == 6
     assert dp_collectives(SIZE, Layout(cp=2), DataParallel()) != []  # dp=1, yet two CP ranks hold the weights
     assert dp_collectives(SIZE, Layout(tp=4), DataParallel()) == []
+
+
+def test_the_trainer_shards_states_over_several_ranks_and_gathers_the_optimizers_param_dtype():
+    default = trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(dp=4))
+    # ZeRO-1 by default, FP32 gradients, FP32 parameters (adamw's), megatron's 40M-element buckets, overlapped
+    assert default == DataParallel("zero1", grad_bytes=4, param_bytes=4, bucket_elems=40_000_000, overlap=True)
+    assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(dp=64)).bucket_elems == 64_000_000  # 1M x DP
+    assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(cp=2)).mode == "zero1"  # CP ranks shard too
+    assert trainer_data_parallel(OptimizerConfig(name="flash_adamw"), Layout(dp=2)).param_bytes == 2  # BF16 params
+    assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(dp=2), fp8_params=True).param_bytes == FP8_PARAM_BYTES
+    replicated = OptimizerConfig(name="adamw", distributed=False, overlap_grad_reduce=False)
+    assert trainer_data_parallel(replicated, Layout(dp=2)) == DataParallel("ddp", 4, 4, bucket_elems=None, overlap=False)
+    custom = OptimizerConfig(name="sr_adamw", grad_reduce_dtype="bf16", bucket_size=1000)
+    assert trainer_data_parallel(custom, Layout(dp=2)) == DataParallel("zero1", 2, 2, bucket_elems=1000, overlap=True)
+    assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout()).mode == "ddp"  # one rank: nothing sharded
 
 
 def test_bad_layouts_name_the_key():
