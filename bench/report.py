@@ -119,7 +119,7 @@ def step_rows(runs: list[Run]) -> dict[tuple, tuple[Run, dict]]:
     """(model, parallel, device, seq, recompute, precision) -> (run, row), the newest run of each winning."""
     newest = {}
     for run in runs:
-        if not run.kind.startswith("step"):
+        if not run.kind.startswith("step") or run.kind.startswith("step_dp"):  # the DP section shows those
             continue
         for row in run.rows("step_ms"):
             if is_number(row.get("step_ms")):
@@ -207,7 +207,7 @@ def step_section(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]]
 SECTIONS = [  # (heading, kinds shown: the newest run of each)
     ("FP8 linear fwd+bwd, one CUDA graph per fwd+bwd, cached weights (bench/linear.py)", ["linear_graph"]),
     ("FP8 quantizers (bench/quant.py)", ["quant", "quant_swiglu"]),
-    ("Attention kernels, causal and packed documents (bench/attention.py)", ["attention_1.5b", "attention_7b", "attention_1.5b_32k"]),
+    ("Attention kernels, causal and packed documents (bench/attention.py)", ["attention_1.5b", "attention_7b"]),
     ("Chunked LM head + cross entropy (bench/lm_loss.py)", ["lm_loss"]),
     ("Optimizers: step time and memory per parameter (bench/optim.py)", ["optim"]),
     ("Loss parity, FP8 recipes vs BF16 (bench/parity.py)", ["parity_seeds", "parity"]),
@@ -216,11 +216,18 @@ SECTIONS = [  # (heading, kinds shown: the newest run of each)
 ]
 
 
+LONG_TABLE = 8  # rows: after a run's first table, a longer one is named on the page, not shown (its result file has it)
+
+
 def run_block(run: Run, page_dir: Path) -> list[str]:
-    """A run as its report printed it: its notes, its tables (each under its caption), its figure if any."""
+    """A run as its report printed it: its notes, its tables (each under its caption; after the first, long
+    ones only named), its figure if any."""
     out = [f"Run: {run_line(run, page_dir)}", ""]
     out += [line for note in run.notes for line in (note, "")]
-    for t in run.tables:
+    for i, t in enumerate(run.tables):
+        if i and len(t["printed"]) > LONG_TABLE:
+            out += [f"(also in the result file: {t['caption'] or 'a table'} of {len(t['printed'])} rows)", ""]
+            continue
         if t["caption"]:
             out += [f"**{t['caption']}**", ""]
         out += table(t["columns"], t["printed"]) + [""]
@@ -262,11 +269,15 @@ def bandwidth_block(run: Run, page_dir: Path) -> list[str]:
 
 
 def short_block(run: Run, page_dir: Path) -> list[str]:
-    """A projection or validation run: the notes that state its assumptions, a few columns of its table, its figure."""
+    """A projection or validation run: the notes that state its assumptions and, for a projection, its rows at
+    the largest GPU count (the figure has every count; the validation's rows are in its result file)."""
     key, columns = SCALING_TABLES[run.kind]
     out = [f"Run: {run_line(run, page_dir)}", ""]
     out += [line for note in run.notes if note.startswith(SCALING_NOTES) for line in (note, "")]
-    out += table(columns, [[r.get(c) for c in columns] for r in run.rows(key)]) + [""]
+    if run.kind == "scaling":
+        rows = run.rows(key)
+        most = max((r["GPUs"] for r in rows if is_number(r.get("GPUs"))), default=None)
+        out += table(columns, [[r.get(c) for c in columns] for r in rows if r.get("GPUs") == most]) + [""]
     png = run.folder / f"{run.kind}.png"
     if png.exists():
         out += [f"![{run.kind}]({os.path.relpath(png, page_dir)})", ""]

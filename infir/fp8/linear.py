@@ -139,9 +139,9 @@ class Fp8LinearFunction(torch.autograd.Function):
             xt_gran = gemm_granularity(st.spec.input.granularity)
             if st.to_main_grad:
                 dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
-                # a compiled graph needs the op's placeholder output, or it prunes the op; eager autograd
-                # gets no dW at all (the weight's .grad stays None: it is all in main_grad)
-                dw = dw if torch.compiler.is_compiling() else None
+                # dw is the op's unwritten placeholder: a compiled graph needs it, or it prunes the op, and
+                # megatron DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips
+                # adding it (grad_added_to_main_grad) and drops it
             else:  # dW in the weight's dtype, for autograd
                 dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
         if dx is not None:

@@ -104,7 +104,9 @@ def test_check_detects_a_stale_page(tmp_path):
 def test_committed_page_is_what_the_results_generate():
     done = subprocess.run([sys.executable, str(REPO / "bench" / "report.py"), "--check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert len((REPO / "BENCHMARKS.md").read_text().splitlines()) < 400
+    # one page: kernels, steps, attention, optimizers, parity, data-parallel scaling and the scaling model,
+    # their longer tables left to the result files
+    assert len((REPO / "BENCHMARKS.md").read_text().splitlines()) < 450
 
 
 def test_emit_writes_the_result_file_beside_the_report(tmp_path):

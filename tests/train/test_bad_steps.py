@@ -141,7 +141,7 @@ def test_a_spike_rolls_back_to_the_last_checkpoint_and_skips_the_data_since(make
     def seen_at_7(i):
         if i == 6:  # step 7: the first after the rollback
             at_step_7["weights"] = {k: v.clone() for k, v in ckpt_format.model_state(trainer.model.module).items()}
-            at_step_7["adam_steps"] = int(trainer.optimizer.state[trainer.params[0]]["step"])
+            at_step_7["adam_steps"] = int(trainer.optimizer.optimizers[0].state[trainer.params[0]]["step"])
         return step(i)
 
     trainer._micro_batches, trainer.train_step = reading, seen_at_7
