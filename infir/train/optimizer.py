@@ -7,8 +7,10 @@ steps torch's Adam over FP32 shards of it, the bytes that infir.optim's optimize
 on is reused here: DDP's contiguous parameter and gradient buffers, whose buckets megatron
 reduce-scatters while backward still runs (`overlap_grad_reduce`). Each rank steps its share of
 every bucket, through views into the parameters (infir.optim.shard_view: the random bits and
-quantization groups of the unsharded step, so sharding changes no number), and all-gathers the
-bucket's updated parameters while it steps the next bucket.
+quantization groups of the unsharded step, so sharding changes no number), then starts the all-gather
+of the bucket's updated parameters; the next forward waits for each bucket only where a layer first
+reads it (`overlap_gathers_with_forward`). Checkpointed states carry their element ranges, so a run
+resumes at another data-parallel size or with(out) sharding (`load_resharded`).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class _Part:
     optimizer: torch.optim.Optimizer | None  # None: this rank's share of the bucket is padding only
     views: list[torch.Tensor]
     bucket: object = None  # megatron's _ParamAndGradBucket, when sharded
-    layout: tuple = ()  # (index, offset, numel) per view: what a checkpoint's shard must match
+    layout: tuple = ()  # (index, offset, numel) per view: the element ranges its saved states cover
 
 
 def _saved_parts(saved: list[dict], numel: list[int]):
