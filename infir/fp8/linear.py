@@ -139,9 +139,12 @@ class Fp8LinearFunction(torch.autograd.Function):
             xt_gran = gemm_granularity(st.spec.input.granularity)
             if st.to_main_grad:
                 dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
-                # dw is the op's unwritten placeholder: a compiled graph needs it, or it prunes the op, and
-                # megatron DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips
-                # adding it (grad_added_to_main_grad) and drops it
+                # dw is the op's unwritten placeholder. A compiled graph needs it, or it prunes the op; megatron
+                # DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips adding it
+                # (grad_added_to_main_grad) and drops it. Elsewhere the weight's .grad stays None: it is all in
+                # main_grad, and no hook would drop an unwritten tensor an optimizer might then read.
+                if not (torch.compiler.is_compiling() or getattr(saved["weight"], "grad_added_to_main_grad", False)):
+                    dw = None
             else:  # dW in the weight's dtype, for autograd
                 dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
         if dx is not None:
