@@ -161,7 +161,11 @@ def load_trainer(iter_dir: Path, optimizer, info) -> dict:
         if not saved:
             raise ConfigError(f"{iter_dir} holds no optimizer states for tensor-parallel rank {info.tp_rank} "
                               f"(train_tp{info.tp_rank}.pt or optim_tp{info.tp_rank}_dp*.pt): it is incomplete; resume from an earlier one")
-        optimizer.load_resharded(saved)
+        try:
+            optimizer.load_resharded(saved)
+        except ValueError as e:  # saved ranges that do not join: files of two runs, or a truncated one
+            raise ConfigError(f"the optimizer states in {iter_dir} do not fit together ({e}); resume from an "
+                              f"earlier checkpoint") from e
     rng = Path(iter_dir) / f"rng_rank{info.rank}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))

@@ -40,12 +40,6 @@ def _saved_parts(saved: list[dict], numel: list[int]):
             yield tuple((i, 0, n) for i, n in enumerate(numel)), state
 
 
-def _unpacked(entry: dict) -> dict:
-    from infir.optim.base import unpacked_state
-
-    return unpacked_state(entry)
-
-
 def weight_decay_groups(params: list, weight_decay: float) -> list[dict]:
     """Decoupled weight decay on matrices only (not on norms and biases): matrices first, the order
     in which every param (or shard of it) is indexed."""
@@ -123,8 +117,8 @@ class DataParallelOptimizer:
         """Sum of squared gradients of this rank's views (counted ones), summed over the shards' ranks."""
         grads = [v.main_grad for v, c in zip(self.views, self.counted) if c]
         device = self.views[0].device if self.views else torch.device("cpu")
-        # FP64 sums: FP32's CPU reduction drifts by ~1e-5 over a million elements, and by a different amount for
-        # each way of cutting the parameters into shards (the clipping, and so the step, would depend on it)
+        # FP64 sums: FP32's CPU reduction drifts over a million elements, and by a different amount for each
+        # way of cutting the parameters into shards (the clipping, and so the step, would depend on it)
         sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).pow(2).sum() if grads \
             else torch.zeros((), dtype=torch.float64, device=device)
         if self.sharded:
@@ -218,6 +212,7 @@ class DataParallelOptimizer:
         """This rank's states from the state_dict()s of every rank of a run with another number of shards
         (replicated, or sharded over another data-parallel size or bucket size): each parameter's state is
         joined from the saved ranges and cut into this rank's."""
+        from infir.optim.base import unpacked_state
         from infir.optim.ranges import merge_ranges, state_range
 
         wanted = {i for part in self.parts for i, _, _ in part.layout}
@@ -225,7 +220,7 @@ class DataParallelOptimizer:
         for layout, sd in _saved_parts(saved, self._numel):
             for j, (index, offset, numel) in enumerate(layout):
                 if index in wanted and j in sd["state"]:
-                    pieces.setdefault(index, []).append((offset, numel, _unpacked(sd["state"][j])))
+                    pieces.setdefault(index, []).append((offset, numel, unpacked_state(sd["state"][j])))
         for part in self.parts:
             if part.optimizer is None:
                 continue
