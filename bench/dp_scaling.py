@@ -41,11 +41,12 @@ def _key(row: dict) -> tuple:
     return row["model"], row["seq"], row["recompute"], row["accum"], name, tuple(rest)
 
 
-def _exposed(result: dict, row: dict) -> float | None:
+def _profiled(result: dict, row: dict, column: str) -> float | None:
+    """The case's `column` in the profile table (% of GPU time), 0 where the profile has none."""
     case = f"{row['model']} {row['precision']} s{row['seq']} {row['recompute']}"
     for prof in _table(result, "case"):
         if prof["case"] == case:
-            value = prof.get("exposed communication")
+            value = prof.get(column)
             return float(str(value).rstrip("%")) if value not in (None, "") else 0.0
     return None
 
@@ -63,8 +64,11 @@ def scaling_rows(one: dict, many: list[dict]) -> list[dict]:
             per_gpu = r["tokens/s"] / dp
             rows.append({"model": r["model"], "seq": r["seq"], "case": r["precision"], "accum": r["accum"], "DP": dp,
                          "tokens/s per GPU": round(per_gpu), "DP=1 tokens/s": b["tokens/s"],
-                         "% of DP=1": 100 * per_gpu / b["tokens/s"], "exposed comm % of GPU time": _exposed(result, r),
-                         "peak GiB": r.get("peak_mem_GiB"), "DP=1 peak GiB": b.get("peak_mem_GiB")})
+                         "% of DP=1": 100 * per_gpu / b["tokens/s"],
+                         "exposed comm % of GPU time": _profiled(result, r, "exposed communication"),
+                         "peak GiB": r.get("peak_mem_GiB"), "DP=1 peak GiB": b.get("peak_mem_GiB"),
+                         "param gather MiB per rank": r.get("param_gather_MiB"),
+                         "all-gather % of GPU time": _profiled(result, r, "all-gather")})
     return rows
 
 

@@ -15,8 +15,9 @@
 #   bash bench/gpu_suite.sh table6-4gpu    four GPUs: 7B at 32k with TP=4, and with TP=2 x CP=2
 #   bash bench/gpu_suite.sh dp-scaling     bench/step.py on one GPU, then under torchrun on every GPU (DP=N): 1.5B,
 #                                          seq 4096, $ACCUM micro-batches per GPU, BF16 and FP8 with sharded states
-#                                          (ZeRO-1, overlapped reduce) and with replicated ones, un-overlapped (the old
-#                                          path); bench/dp_scaling.py gives tokens/s per GPU against DP=1
+#                                          (ZeRO-1, overlapped reduce; FP8 with and without the FP8 parameter gather)
+#                                          and with replicated ones, un-overlapped (the old path); bench/dp_scaling.py
+#                                          gives tokens/s per GPU against DP=1
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -116,7 +117,7 @@ for stage in "$@"; do
       [ "${DP_BASELINE:-1}" = 0 ] && BASELINE=()  # DP_BASELINE=0: the sharded cases only
       run "step_dp${N}_a$ACCUM" python3 -m torch.distributed.run --standalone --nproc_per_node "$N" bench/step.py \
         --seq 4096 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_dp${N}_a$ACCUM.md" \
-        --cases $M:bf16 $M:fp8_blockwise_ue8m0 "${BASELINE[@]}"
+        --cases $M:bf16 $M:fp8_blockwise_ue8m0 "$M:fp8_blockwise_ue8m0+optimizer.fp8_param_gather=false" "${BASELINE[@]}"
       run "dp_scaling_a$ACCUM" python3 bench/dp_scaling.py --one "$OUT/step_dp1_a$ACCUM.json" \
         --many "$OUT/step_dp${N}_a$ACCUM.json" --out "$OUT/dp_scaling_a$ACCUM.md" ;;
     step-1.5b)

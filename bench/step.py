@@ -144,6 +144,9 @@ def profile_step(trainer) -> dict[str, float]:
     print(f"kernel time in the profiled step: {total / 1e3:.1f} ms", flush=True)
     exposed = exposed_communication(prof)
     out = {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
+    gathers = sum(t for t, _, k in kernels if classify(k) == "communication" and "allgather" in k.lower())
+    if gathers:  # of the communication: the all-gathers (ZeRO-1's parameter gather, SP's activation gather)
+        out["all-gather"] = gathers / total
     if exposed:  # of the kernel time: the step's GPU time waiting on a collective alone
         out["exposed communication"] = exposed / total
     return out
@@ -413,6 +416,8 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     tflops = row["TFLOP/s"]
     row["TFLOP/s (Megatron-LM count)"] = tflops * megatron_lm_flops_per_token(trainer.size, seq) / trainer.flops_per_token
     row.update(memory_split(trainer))
+    if trainer.optimizer.sharded:  # what each rank sends in a step's parameter all-gathers
+        row["param_gather_MiB"] = trainer.optimizer.gather_bytes / 2**20
     for key in ("peak_mem_GiB", "static_GiB", "mb_peak_GiB"):
         row[key] -= held / 2**30
     if held > 2**28:

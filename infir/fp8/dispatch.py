@@ -10,6 +10,7 @@ re-exported here), read once from INFIR_CUDA_KERNELS, INFIR_FP8_AUTOTUNE and TRI
   fprop/dgrad and x2^T along M for wgrad, MOSS operands folded into the row-scaled form Hopper takes.
 - quantize_weight(w, ...): a weight, per 128x128 block or per tensor (MOSS's predicted scale).
 - transposed(x) / transpose_q(q): the backward's transposes (W^T for dgrad, per-tensor X^T).
+- block_range_amax / quantize_block_range: a ZeRO-1 shard of a weight, under the whole weight's block scales.
 
 The kernels are imported on first use, so that importing infir.fp8 loads no Triton kernel (a test
 may still choose the interpreter before its first kernel call).
@@ -18,13 +19,14 @@ from __future__ import annotations
 
 import torch
 
+from .block_range import block_range_amax_reference, quantize_block_range_reference
 from .formats import check_scale_format, get_format
 from .policy import KernelPolicy, kernel_policy, policy_override
 from .quantize import QTensor, check_input, fold_two_level, quantize_reference, quantize_tensor_ref, transposed_reference
 
 IMPLS = ("auto", "reference", "triton")
-__all__ = ["KernelPolicy", "kernel_policy", "policy_override", "quantize", "quantize_pair", "quantize_weight",
-           "transpose_q", "transposed"]
+__all__ = ["KernelPolicy", "block_range_amax", "kernel_policy", "policy_override", "quantize", "quantize_block_range",
+           "quantize_pair", "quantize_weight", "transpose_q", "transposed"]
 
 
 def quantize(x: torch.Tensor, granularity: str, scale_format: str = "ue8m0", fmt: str = "e4m3",
@@ -116,3 +118,24 @@ def quantize_weight(w: torch.Tensor, granularity: str, scale_format: str, fmt: s
         q, _ = quantize_tensor_triton(w, scale_format, fmt, scale=scale, record_amax=record_amax)
         return q
     return quantize_tensor_ref(w, get_format(fmt), scale_format, scale=scale)
+
+
+def block_range_amax(flat: torch.Tensor, start: int, shape: tuple[int, int], out: torch.Tensor) -> torch.Tensor:
+    """Per-block amax of a weight's element range [start, start + flat.numel()) into out's rows of the
+    128-row bands it touches (block_range.py): a ZeRO-1 shard's part of the whole weight's block scales."""
+    if flat.is_cuda:
+        from .kernels.quant_block_range import block_range_amax_triton
+
+        return block_range_amax_triton(flat, start, shape, out)
+    return block_range_amax_reference(flat, start, shape, out)
+
+
+def quantize_block_range(flat: torch.Tensor, start: int, shape: tuple[int, int], scale: torch.Tensor,
+                         scale_format: str, fmt: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The range's FP8 bytes under the whole weight's 128x128 block scales (into `out` where given)."""
+    if flat.is_cuda:
+        from .kernels.quant_block_range import quantize_block_range_triton
+
+        return quantize_block_range_triton(flat, start, shape, scale, scale_format, fmt, out)
+    q = quantize_block_range_reference(flat, start, shape, scale, fmt)
+    return q if out is None else out.copy_(q)

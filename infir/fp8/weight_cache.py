@@ -70,6 +70,24 @@ class WeightCache:
     def mark_fresh(self, weight: torch.Tensor, recipe: Recipe) -> None:
         self._key = self.key(weight, recipe)
 
+    def adopt(self, weight: torch.Tensor, recipe: Recipe, data: torch.Tensor, scale: torch.Tensor) -> None:
+        """Take `data` (FP8 [N, K]) and `scale` (its 128x128 block scales), quantized elsewhere (the FP8
+        parameter all-gather of a sharded optimizer), as the copy of `weight` as it is now. The tensors are
+        kept, not copied: on the next step's adopt of the same tensors only the scale layouts are redone."""
+        if recipe.weight.granularity != "block" or recipe.autoscale_weights:
+            raise ValueError(f"WeightCache.adopt takes 128x128 block weights, not those of recipe {recipe.name!r}")
+        q = QTensor(data, scale, "block", recipe.weight.scale_format, recipe.weight.fmt)
+        scaled_mm_scale(q)
+        scaled_mm_scale(q, transposed=True)
+        old = self.q
+        if old is not None and old.data is data and old.scale is scale and old.layout_cache.keys() == q.layout_cache.keys():
+            with torch.no_grad():
+                for key, t in q.layout_cache.items():
+                    old.layout_cache[key].copy_(t)
+        else:
+            self.q = q
+        self.mark_fresh(weight, recipe)
+
     def _quantized(self, weight: torch.Tensor, recipe: Recipe) -> QTensor:
         w = weight.detach()
         if recipe.autoscale_weights:

@@ -169,3 +169,10 @@ def validate(cfg: DictConfig) -> None:
         check_parallel(SIZES[cfg.model.name], cfg.parallel.tp, st.seq_length, cfg.parallel.sequence_parallel, cfg.parallel.cp)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.optimizer.fp8_param_gather:
+        from infir.train.fp8_param_gather import gathers_in_fp8
+        from infir.train.precision import build_recipe
+
+        check(gathers_in_fp8(build_recipe(cfg.precision)), "optimizer.fp8_param_gather", True,
+              f"false or null with precision={cfg.precision.name}: only recipes with 128x128 weight blocks scaled from "
+              "their amax (fp8_blockwise_*) gather FP8 weights")

@@ -31,7 +31,7 @@ from infir.train.gc_control import StepGC
 from infir.train import precision
 from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
-from infir.train.optimizer import DataParallelOptimizer, overlap_gathers_with_forward, sharded_optimizer
+from infir.train.optimizer import DataParallelOptimizer, fp8_param_gather, overlap_gathers_with_forward, sharded_optimizer
 from infir.train.schedule import lr_at, resolve_warmup
 from infir.train.spike import SpikePolicy
 
@@ -201,6 +201,8 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.model, self.params)
         if self.optimizer.sharded:
             overlap_gathers_with_forward(self.model.module, self.optimizer)
+        if fp8_param_gather(cfg.optimizer, self.recipe, self.optimizer.sharded):
+            self.optimizer.gather_fp8_params(self.model.module)
 
         # Data and the length of the run.
         self.train_ds, self.valid_ds = data.build_data(cfg, info, self.size.vocab)
@@ -424,6 +426,10 @@ class Trainer:
             f"{self.cfg.run_name}: {self.size.num_params() / 1e6:.1f}M params, tp={self.info.tp} cp={self.info.cp} dp={self.info.dp}, "
             f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.name}"
         )
+        if self.optimizer.sharded:
+            fp8 = " (FP8 weights as FP8)" if self.optimizer.gathers_fp8 else ""
+            self.log.console(f"optimizer states sharded over {self.info.dp * self.info.cp} ranks; parameter all-gather "
+                             f"{self.optimizer.gather_bytes / 2**20:.1f} MiB a step from each rank{fp8}")
         launch_steps, window, last = 0, _Window(), {}
         while self.step < self.total_iters:
             out = self._monitored_step()
@@ -467,6 +473,8 @@ class Trainer:
     def _monitored_step(self) -> dict:
         """train_step, with the FP8 health readings of the steps the monitor samples."""
         self.health.begin_step(self.step + 1)
+        if self.health.active:
+            self.optimizer.finish_gathers()  # the monitor reads the weights themselves
         out = self.train_step(self.step)
         health, warnings = self.health.end_step(self.step + 1)
         if health:

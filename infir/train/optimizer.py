@@ -27,6 +27,7 @@ class _Part:
     optimizer: torch.optim.Optimizer | None  # None: this rank's share of the bucket is padding only
     views: list[torch.Tensor]
     bucket: object = None  # megatron's _ParamAndGradBucket, when sharded
+    buffer: object = None  # the DDP buffer holding it
     layout: tuple = ()  # (index, offset, numel) per view: the element ranges its saved states cover
 
 
@@ -56,6 +57,19 @@ def sharded_optimizer(oc, grad_ranks: int) -> bool:
     return grad_ranks > 1 if oc.distributed is None else bool(oc.distributed)
 
 
+def fp8_param_gather(oc, recipe, sharded: bool) -> bool:
+    """Whether the FP8 linears' weights are all-gathered as FP8 (`optimizer.fp8_param_gather`; null: wherever
+    the states are sharded and the recipe's weights are 128x128 blocks)."""
+    from infir.train.config import ConfigError
+    from infir.train.fp8_param_gather import gathers_in_fp8
+
+    able = sharded and gathers_in_fp8(recipe)
+    if oc.fp8_param_gather and not able:
+        raise ConfigError("optimizer.fp8_param_gather=true needs sharded optimizer states: more than one data-parallel "
+                          "rank, or optimizer.distributed=true; set it to null or false for this run")
+    return able if oc.fp8_param_gather is None else bool(oc.fp8_param_gather)
+
+
 class DataParallelOptimizer:
     """`build(param_groups)` (an infir.optim optimizer) over the DDP model's parameters, whole, or
     over this rank's share of each bucket when `ddp` was built with `use_distributed_optimizer`.
@@ -78,7 +92,9 @@ class DataParallelOptimizer:
             self.parts = [self._bucket_part(buffer, bucket, index, build, weight_decay)
                           for buffer in ddp.buffers for bucket in buffer.buckets]
         self.views = [v for part in self.parts for v in part.views]
-        self._pending: dict = {}  # bucket -> its parameter gather's work, from the step until a forward reads it
+        self._pending: dict = {}  # bucket -> its parameter gather's works, from the step until a forward reads it
+        self._fp8: dict = {}  # bucket -> its BucketFp8Gather, where its FP8 weights cross as FP8 (gather_fp8_params)
+        self._params_behind = False  # whether an FP8 gather left other ranks' elements of the parameters stale
         self._bucket_of = {p: part.bucket for part in self.parts if part.bucket is not None for p in part.bucket.params}
         self.counted = [param_is_not_tensor_parallel_duplicate(getattr(v, "whole", v)) for v in self.views]
 
@@ -102,7 +118,7 @@ class DataParallelOptimizer:
         groups = [g for g in weight_decay_groups(views, weight_decay) if g["params"]]
         views = [v for g in groups for v in g["params"]]
         layout = tuple((v.shard.index, v.shard.offset, v.numel()) for v in views)
-        return _Part(build(groups) if groups else None, views, bucket, layout)
+        return _Part(build(groups) if groups else None, views, bucket, buffer, layout)
 
     @property
     def shard_rank(self) -> int:
@@ -137,34 +153,79 @@ class DataParallelOptimizer:
             if part.optimizer is not None:
                 self._step_part(part, lr, grads_in_dot_grad, grad_scale)
             if part.bucket is not None:
-                self._pending[part.bucket] = self._gather(part.bucket)
+                fp8 = self._fp8.get(part.bucket)
+                self._pending[part.bucket] = fp8.start() if fp8 is not None else [self._gather(part.bucket)]
+                self._params_behind |= fp8 is not None
                 for p in part.bucket.params:
                     p.gather_pending = True
 
     def wait_for(self, params) -> list:
         """Wait for the pending gathers of the buckets holding `params`; the parameters they completed."""
-        done = []
+        done, buckets = [], []
         for p in params:
             bucket = self._bucket_of.get(p)
-            work = self._pending.pop(bucket, None)
-            if work is None:
+            works = self._pending.pop(bucket, None)
+            if works is None:
                 continue
-            work.wait()
+            fp8 = self._fp8.get(bucket)
+            if fp8 is not None:
+                fp8.finish(works)
+            else:
+                for work in works:
+                    work.wait()
             done.extend(bucket.params)
+            buckets.append(bucket)
         if done:
             # The gather wrote the parameters through the bucket's buffer, which autograd does not see
             # as a write to them: their version counters say so, for what caches a weight by its version
-            # (the FP8 weight caches).
+            # (the FP8 weight caches, which then adopt the gathered FP8 weights where those came as such).
             from torch.autograd.graph import increment_version
 
             increment_version(done)
             for p in done:
                 p.gather_pending = False
+            for bucket in buckets:
+                if bucket in self._fp8:
+                    self._fp8[bucket].adopt()
         return done
 
     def finish_gathers(self) -> None:
-        """Wait for every pending parameter gather (before weights are read or written outside a forward)."""
+        """Wait for every pending parameter gather, and gather the parameters in full where the FP8 gather
+        left other ranks' elements behind (before weights are read or written outside a forward)."""
         self.wait_for([p for bucket in list(self._pending) for p in bucket.params])
+        if self._params_behind:
+            for fp8 in self._fp8.values():
+                fp8.sync_params()
+            self._params_behind = False
+
+    def gather_fp8_params(self, model: torch.nn.Module) -> None:
+        """Gather the FP8 linears' weights as FP8 from now on (fp8_param_gather.py; sharded only)."""
+        from infir.train.fp8_param_gather import BucketFp8Gather, fp8_targets
+
+        if not self.sharded:
+            raise ValueError("the FP8 parameter gather runs under sharded optimizer states (optimizer.distributed)")
+        targets, recipe = fp8_targets(model)
+        for part in self.parts:
+            if any(p in targets for p in part.bucket.params):
+                fp8 = BucketFp8Gather(part.buffer, part.bucket, self.group, targets, recipe)
+                # a bucket mostly of other parameters (an embedding's) sends fewer bytes as its parameters
+                if fp8.wire_bytes < self._plain_bytes(part.bucket):
+                    self._fp8[part.bucket] = fp8
+
+    @property
+    def gathers_fp8(self) -> bool:
+        return bool(self._fp8)
+
+    @property
+    def gather_bytes(self) -> int:
+        """Bytes this rank sends in one step's parameter gathers (0 with replicated states)."""
+        if not self.sharded:
+            return 0
+        return sum(self._fp8[part.bucket].wire_bytes if part.bucket in self._fp8 else self._plain_bytes(part.bucket)
+                   for part in self.parts)
+
+    def _plain_bytes(self, bucket) -> int:
+        return bucket.param_data.numel() // self.group.size() * bucket.param_data.element_size()
 
     @staticmethod
     def _step_part(part: _Part, lr: float, grads_in_dot_grad: bool, grad_scale) -> None:

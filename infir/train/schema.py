@@ -94,6 +94,9 @@ class OptimizerConfig:
     overlap_grad_reduce: bool = True  # reduce each gradient bucket while backward computes the next
     bucket_size: Optional[int] = None  # elements per gradient bucket; null: megatron's max(40M, 1M x DP)
     grad_reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients accumulate and are reduced in
+    # sharded states: the FP8 linears' updated weights are all-gathered as FP8 bytes (infir/train/fp8_param_gather.py);
+    # null: on wherever the states are sharded and the recipe's weights are 128x128 blocks
+    fp8_param_gather: Optional[bool] = None
 
     def __post_init__(self):
         from infir.optim import OPTIMIZERS

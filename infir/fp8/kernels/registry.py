@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from ..formats import FORMATS, SCALE_FORMATS, amax_with_nan_as_inf, get_format
+from ..block_range import block_range_amax_reference, quantize_block_range_reference
+from ..formats import FORMATS, SCALE_FORMATS, amax_with_nan_as_inf, get_format, scale_from_amax
 from ..gemm_reference import emulated_gemm
 from ..lm_loss_reference import chunk_grad_torch, chunk_stats_torch
 from ..quantize import (QTensor, dequantize, fold_two_level, quantize_reference, quantize_tensor_ref,
@@ -29,6 +30,7 @@ from .lm_loss import chunk_grad_triton, chunk_stats_triton
 from .lt_wgrad import lt_wgrad
 from .quant_any import quantize_triton
 from .quant_block import quantize_block_triton
+from .quant_block_range import block_range_amax_triton, quantize_block_range_triton
 from .quant_tensor import amax_triton, quantize_tensor_triton
 from .quant_token import quantize_token_triton
 from .quant_two_level import quantize_two_level_triton
@@ -122,6 +124,39 @@ def _given_scale(dev):
 
 def _batched(dev):
     return (awkward((3, 37, 160), dev, 8),)
+
+
+def _sharded_block(sf: str, fmt: str, cuts: int, fast: bool):
+    """A weight cut into `cuts` element ranges that straddle blocks, as ZeRO-1 shards are: each range's
+    block amax, their MAX, the whole weight's scales, each range quantized; the weight's QTensor."""
+    amax_fn = block_range_amax_triton if fast else block_range_amax_reference
+
+    def run(w):
+        shape, n = tuple(w.shape), w.numel()
+        edges = [0, *sorted({(n * i) // cuts + 37 * i for i in range(1, cuts)}), n]
+        ranges = [(a, w.view(-1)[a:b]) for a, b in zip(edges, edges[1:])]
+        blocks = (-(-shape[0] // 128), -(-shape[1] // 128))
+        amax = torch.stack([amax_fn(flat, a, shape, w.new_zeros(blocks, dtype=torch.float32)) for a, flat in ranges]).amax(0)
+        scale = scale_from_amax(amax, get_format(fmt), sf)
+        parts = [quantize_block_range_triton(flat, a, shape, scale, sf, fmt) if fast
+                 else quantize_block_range_reference(flat, a, shape, scale, fmt) for a, flat in ranges]
+        return QTensor(torch.cat([q.view(torch.uint8) for q in parts]).view(get_format(fmt).dtype).view(shape), scale,
+                       "block", sf, fmt)
+    return run
+
+
+def _block_range_pairs() -> list[KernelPair]:
+    """The ZeRO-1 shard quantizer against its reference and against the whole weight's quantizer."""
+    pairs = []
+    for sf in SCALE_FORMATS:
+        x = _matrix(*_ODD, seed=_seed("range" + sf))
+        pairs += [
+            KernelPair(f"block_range/{sf}", _sharded_block(sf, "e4m3", 3, True), _sharded_block(sf, "e4m3", 3, False),
+                       x, Exact()),
+            KernelPair(f"block_range_vs_whole/{sf}", _sharded_block(sf, "e4m3", 4, True),
+                       functools.partial(quantize_reference, granularity="block", scale_format=sf), x, Exact()),
+        ]
+    return pairs
 
 
 def _more_quantizer_pairs() -> list[KernelPair]:
@@ -286,7 +321,7 @@ def _all_pairs() -> list[KernelPair]:
         for fmt in FORMATS:
             pairs += _quantizer_pairs(sf, fmt) + _cuda_quantizer_pairs(sf, fmt)
         pairs += _swiglu_pairs(sf)
-    return pairs + _more_quantizer_pairs() + _gemm_pairs() + _lm_loss_pairs()
+    return pairs + _more_quantizer_pairs() + _block_range_pairs() + _gemm_pairs() + _lm_loss_pairs()
 
 
 PAIRS: tuple[KernelPair, ...] = tuple(_all_pairs())

@@ -1,0 +1,142 @@
+"""FP8 parameter all-gather under ZeRO-1 (`optimizer.fp8_param_gather`): after each rank steps its share
+of a gradient bucket, the FP8 linears' weights in that share cross the wire as the FP8 bytes the next
+forward reads, instead of as the BF16/FP32 parameters every rank would then quantize again.
+
+megatron's `fp8_param_gather` does this for Transformer Engine's per-tensor scaling. Block scales need
+one more exchange, because a share is a range of elements that cuts 128x128 blocks: each rank writes the
+amax of its elements per block (infir.fp8 block_range_amax), one all-reduce MAX of those (4 bytes per
+16384 elements) gives every rank the whole weight's block scales, and each rank quantizes its range under
+them into a byte buffer laid out as the bucket. Its all-gather leaves every rank the FP8 weights, bit for
+bit those of quantizing the gathered weights (tests/train/test_fp8_param_gather.py); each layer's
+WeightCache adopts its slice of the buffer (no copy). The bucket's other parameters (norms, biases, an
+embedding sharing the bucket) go in a second gather in their own dtype.
+
+What a rank does not own of an FP8 weight stays as the previous step left it in the parameter: nothing in
+a step reads it (fprop and dgrad read the FP8 copy, wgrad only activations). `sync_params` gathers those
+in full where the parameters themselves are read: checkpoints, FP8 health readings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from infir.fp8 import Recipe, WeightCache
+from infir.fp8.dispatch import block_range_amax, quantize_block_range
+from infir.fp8.formats import get_format, scale_from_amax
+from infir.fp8.quantize import WEIGHT_BLOCK
+
+
+def gathers_in_fp8(recipe: Recipe) -> bool:
+    """Whether the recipe's weights can cross as FP8: 128x128 blocks with scales from their amax (MOSS's
+    predicted per-tensor scales and per-tensor JIT scaling keep the parameter gather)."""
+    return recipe.fp8 and recipe.weight.granularity == "block" and not recipe.autoscale_weights
+
+
+@dataclass
+class _Weight:
+    param: torch.nn.Parameter
+    cache: WeightCache
+    at: int  # the parameter's first element in the bucket
+    lo: int  # this rank's range of the parameter's elements: [lo, hi), empty where lo == hi
+    hi: int
+    amax: torch.Tensor  # [ceil(N/128), ceil(K/128)] views into the bucket's amax and scale vectors
+    scale: torch.Tensor
+    data: torch.Tensor  # the FP8 [N, K] view into the bucket's byte buffer that the cache adopts
+
+
+class BucketFp8Gather:
+    """One bucket's parameter gather with its FP8 weights (`targets`: parameter -> its layer's WeightCache)
+    moved as FP8; `recipe` is theirs."""
+
+    def __init__(self, buffer, bucket, group, targets: dict, recipe: Recipe):
+        self.bucket, self.group, self.recipe = bucket, group, recipe
+        ranks, self.rank = group.size(), group.rank()
+        data = bucket.param_data
+        self.share = data.numel() // ranks
+        self.bytes = torch.zeros(data.numel(), dtype=torch.uint8, device=data.device)
+        spans = {p: (buffer.param_index_map[p][0] - bucket.offset, buffer.param_index_map[p][1] - bucket.offset)
+                 for p in bucket.params}
+        fp8 = [p for p in sorted(bucket.params, key=lambda q: spans[q][0]) if p in targets]
+        blocks = [-(-p.shape[0] // WEIGHT_BLOCK) * -(-p.shape[1] // WEIGHT_BLOCK) for p in fp8]
+        self.amax = torch.zeros(sum(blocks), dtype=torch.float32, device=data.device)
+        self.scales = torch.ones_like(self.amax)
+        self.weights, edge = [], 0
+        mine = (self.rank * self.share, (self.rank + 1) * self.share)
+        dtype = get_format(recipe.weight.fmt).dtype
+        for p, n in zip(fp8, blocks):
+            at, end = spans[p]
+            lo, hi = max(at, mine[0]) - at, min(end, mine[1]) - at
+            grid = (-(-p.shape[0] // WEIGHT_BLOCK), -1)
+            self.weights.append(_Weight(p, targets[p], at, lo, max(lo, hi), self.amax[edge:edge + n].view(grid),
+                                        self.scales[edge:edge + n].view(grid), self.bytes[at:end].view(dtype).view(p.shape)))
+            edge += n
+        # every rank's elements of the other parameters: (start, end) in the bucket, per rank
+        others = [spans[p] for p in bucket.params if p not in targets]
+        self.segments = [[(max(a, r * self.share), min(b, (r + 1) * self.share)) for a, b in sorted(others)
+                          if min(b, (r + 1) * self.share) > max(a, r * self.share)] for r in range(ranks)]
+        self.others_len = max(sum(b - a for a, b in segs) for segs in self.segments)
+        self.others_in = data.new_empty(self.others_len)
+        self.others_out = data.new_empty(self.others_len * ranks)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes this rank sends per step: its share of the FP8 buffer and its other parameters' elements."""
+        return self.share + self.others_len * self.others_in.element_size()
+
+    def start(self) -> list:
+        """Once this rank's share is stepped: its FP8 bytes under the whole weights' block scales, and the
+        gathers of the bucket's FP8 bytes and other parameters started (their works)."""
+        fmt = self.recipe.weight
+        self.amax.zero_()
+        for w in self.weights:
+            if w.hi > w.lo:
+                block_range_amax(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.amax)
+        dist.all_reduce(self.amax, op=dist.ReduceOp.MAX, group=self.group)
+        self.scales.copy_(scale_from_amax(self.amax, get_format(fmt.fmt), fmt.scale_format))
+        for w in self.weights:
+            if w.hi > w.lo:
+                quantize_block_range(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.scale,
+                                     fmt.scale_format, fmt.fmt, out=w.data.view(-1)[w.lo:w.hi])
+        lo = self.rank * self.share
+        works = [dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group, async_op=True)]
+        if self.others_len:
+            own = [self.bucket.param_data[a:b] for a, b in self.segments[self.rank]]
+            if own:
+                torch.cat(own, out=self.others_in[:sum(t.numel() for t in own)])
+            works.append(dist.all_gather_into_tensor(self.others_out, self.others_in, group=self.group, async_op=True))
+        return works
+
+    def finish(self, works: list) -> None:
+        """Wait for the gathers; the other ranks' elements of the non-FP8 parameters into place."""
+        for work in works:
+            work.wait()
+        for r, segs in enumerate(self.segments):
+            if r == self.rank:
+                continue
+            pos = r * self.others_len
+            for a, b in segs:
+                self.bucket.param_data[a:b].copy_(self.others_out[pos:pos + b - a])
+                pos += b - a
+
+    def adopt(self) -> None:
+        """Each layer's FP8 weight is its slice of the gathered bytes (after the parameters' versions moved)."""
+        for w in self.weights:
+            w.cache.adopt(w.param, self.recipe, w.data, w.scale)
+
+    def sync_params(self) -> None:
+        """The parameters in full on every rank (the plain parameter gather), where they are read as such."""
+        data = self.bucket.param_data
+        dist.all_gather_into_tensor(data, data[self.rank * self.share:(self.rank + 1) * self.share], group=self.group)
+
+
+def fp8_targets(model: torch.nn.Module) -> tuple[dict, Recipe | None]:
+    """(weight -> its layer's WeightCache, their recipe) for the FP8 linears whose weights can cross as FP8."""
+    from infir.model.fp8_linears import fp8_linears_of
+
+    linears = [m for m in fp8_linears_of(model) if gathers_in_fp8(m.recipe)]
+    recipes = {m.recipe for m in linears}
+    if len(recipes) > 1:
+        raise ValueError(f"the FP8 parameter gather takes one weight recipe, got {sorted(r.name for r in recipes)}")
+    return {m.weight: m.weight_cache for m in linears}, next(iter(recipes), None)
