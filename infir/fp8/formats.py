@@ -107,7 +107,9 @@ def amax_with_nan_as_inf(x: torch.Tensor, dim=None, keepdim: bool = False) -> to
 
 def scale_from_amax(amax: torch.Tensor, fmt: Fp8Format, scale_format: str) -> torch.Tensor:
     """amax (float32, inf meaning 'non-finite seen') -> stored dequantization scale."""
-    return round_scale(amax / fmt.max, scale_format)
+    # divided by a tensor: torch's CUDA division by a Python scalar multiplies by its reciprocal, which
+    # is not the correctly rounded quotient the kernels compute (div_rn)
+    return round_scale(amax / torch.full_like(amax, fmt.max), scale_format)
 
 
 def cast_to_fp8(x_scaled: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
