@@ -41,8 +41,8 @@ class _Weight:
     at: int  # the parameter's first element in the bucket
     lo: int  # this rank's range of the parameter's elements: [lo, hi), empty where lo == hi
     hi: int
-    amax: torch.Tensor  # [ceil(N/128), ceil(K/128)] views into the bucket's amax and scale vectors
-    scale: torch.Tensor
+    amax: torch.Tensor | None  # [ceil(N/128), ceil(K/128)] views into the amax and scale vectors (bind)
+    scale: torch.Tensor | None
     data: torch.Tensor  # the FP8 [N, K] view into the bucket's byte buffer that the cache adopts
 
 
@@ -59,19 +59,15 @@ class BucketFp8Gather:
         spans = {p: (buffer.param_index_map[p][0] - bucket.offset, buffer.param_index_map[p][1] - bucket.offset)
                  for p in bucket.params}
         fp8 = [p for p in sorted(bucket.params, key=lambda q: spans[q][0]) if p in targets]
-        blocks = [-(-p.shape[0] // WEIGHT_BLOCK) * -(-p.shape[1] // WEIGHT_BLOCK) for p in fp8]
-        self.amax = torch.zeros(sum(blocks), dtype=torch.float32, device=data.device)
-        self.scales = torch.ones_like(self.amax)
-        self.weights, edge = [], 0
+        self.weights = []
         mine = (self.rank * self.share, (self.rank + 1) * self.share)
         dtype = get_format(recipe.weight.fmt).dtype
-        for p, n in zip(fp8, blocks):
+        for p in fp8:
             at, end = spans[p]
             lo, hi = max(at, mine[0]) - at, min(end, mine[1]) - at
-            grid = (-(-p.shape[0] // WEIGHT_BLOCK), -1)
-            self.weights.append(_Weight(p, targets[p], at, lo, max(lo, hi), self.amax[edge:edge + n].view(grid),
-                                        self.scales[edge:edge + n].view(grid), self.bytes[at:end].view(dtype).view(p.shape)))
-            edge += n
+            self.weights.append(_Weight(p, targets[p], at, lo, max(lo, hi), None, None,
+                                        self.bytes[at:end].view(dtype).view(p.shape)))
+        self.blocks = sum(_blocks(p.shape) for p in fp8)  # block scales of its FP8 weights
         # every rank's elements of the other parameters: (start, end) in the bucket, per rank
         others = [spans[p] for p in bucket.params if p not in targets]
         self.segments = [[(max(a, r * self.share), min(b, (r + 1) * self.share)) for a, b in sorted(others)
@@ -85,16 +81,24 @@ class BucketFp8Gather:
         """Bytes this rank sends per step: its share of the FP8 buffer and its other parameters' elements."""
         return self.share + self.others_len * self.others_in.element_size()
 
-    def start(self) -> list:
-        """Once this rank's share is stepped: its FP8 bytes under the whole weights' block scales, and the
-        gathers of the bucket's FP8 bytes and other parameters started (their works)."""
-        fmt = self.recipe.weight
-        self.amax.zero_()
+    def bind(self, amax: torch.Tensor, scales: torch.Tensor) -> None:
+        """Its weights' block amaxes and scales as views of `amax` and `scales` ([self.blocks] each)."""
+        edge = 0
+        for w in self.weights:
+            n, grid = _blocks(w.param.shape), (-(-w.param.shape[0] // WEIGHT_BLOCK), -1)
+            w.amax, w.scale = amax[edge:edge + n].view(grid), scales[edge:edge + n].view(grid)
+            edge += n
+
+    def write_amax(self) -> None:
+        """The block amaxes of this rank's elements of each FP8 weight (0 for blocks it has none of)."""
         for w in self.weights:
             if w.hi > w.lo:
                 block_range_amax(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.amax)
-        dist.all_reduce(self.amax, op=dist.ReduceOp.MAX, group=self.group)
-        self.scales.copy_(scale_from_amax(self.amax, get_format(fmt.fmt), fmt.scale_format))
+
+    def start(self) -> list:
+        """Once the block scales are in: this rank's FP8 bytes under them, and the gathers of the bucket's
+        FP8 bytes and other parameters started (their works)."""
+        fmt = self.recipe.weight
         for w in self.weights:
             if w.hi > w.lo:
                 quantize_block_range(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.scale,
@@ -129,6 +133,40 @@ class BucketFp8Gather:
         """The parameters in full on every rank (the plain parameter gather), where they are read as such."""
         data = self.bucket.param_data
         dist.all_gather_into_tensor(data, data[self.rank * self.share:(self.rank + 1) * self.share], group=self.group)
+
+
+def _blocks(shape) -> int:
+    return -(-shape[0] // WEIGHT_BLOCK) * -(-shape[1] // WEIGHT_BLOCK)
+
+
+class Fp8ParamGather:
+    """The FP8 gathers of every bucket that takes one: one all-reduce of every weight's block amaxes after
+    the step, then each bucket's quantization and gathers. One exchange, not one per bucket: a collective
+    between two buckets' steps would queue behind the gathers already started on the communication stream,
+    and the next bucket's step would wait for them."""
+
+    def __init__(self, buckets: list[BucketFp8Gather], group):
+        self.buckets, self.group = {b.bucket: b for b in buckets}, group
+        total = sum(b.blocks for b in buckets)
+        device = buckets[0].bytes.device
+        self.amax = torch.zeros(total, dtype=torch.float32, device=device)
+        self.scales = torch.ones_like(self.amax)
+        edge = 0
+        for b in buckets:
+            b.bind(self.amax[edge:edge + b.blocks], self.scales[edge:edge + b.blocks])
+            edge += b.blocks
+        self.recipe = buckets[0].recipe
+
+    def start(self, order: list) -> dict:
+        """After every bucket's share is stepped: the block scales, then the gathers of the buckets in
+        `order` (those of them that take an FP8 gather), their works by bucket."""
+        fmt = self.recipe.weight
+        self.amax.zero_()
+        for b in self.buckets.values():
+            b.write_amax()
+        dist.all_reduce(self.amax, op=dist.ReduceOp.MAX, group=self.group)
+        self.scales.copy_(scale_from_amax(self.amax, get_format(fmt.fmt), fmt.scale_format))
+        return {bucket: self.buckets[bucket].start() for bucket in order if bucket in self.buckets}
 
 
 def fp8_targets(model: torch.nn.Module) -> tuple[dict, Recipe | None]:

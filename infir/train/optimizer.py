@@ -153,11 +153,13 @@ class DataParallelOptimizer:
             if part.optimizer is not None:
                 self._step_part(part, lr, grads_in_dot_grad, grad_scale)
             if part.bucket is not None:
-                fp8 = self._fp8.get(part.bucket)
-                self._pending[part.bucket] = fp8.start() if fp8 is not None else [self._gather(part.bucket)]
-                self._params_behind |= fp8 is not None
+                if part.bucket not in self._fp8:
+                    self._pending[part.bucket] = [self._gather(part.bucket)]
                 for p in part.bucket.params:
                     p.gather_pending = True
+        if self._fp8:
+            self._pending.update(self._fp8_gather.start([part.bucket for part in reversed(self.parts)]))
+            self._params_behind = True
 
     def wait_for(self, params) -> list:
         """Wait for the pending gathers of the buckets holding `params`; the parameters they completed."""
@@ -200,7 +202,7 @@ class DataParallelOptimizer:
 
     def gather_fp8_params(self, model: torch.nn.Module) -> None:
         """Gather the FP8 linears' weights as FP8 from now on (fp8_param_gather.py; sharded only)."""
-        from infir.train.fp8_param_gather import BucketFp8Gather, fp8_targets
+        from infir.train.fp8_param_gather import BucketFp8Gather, Fp8ParamGather, fp8_targets
 
         if not self.sharded:
             raise ValueError("the FP8 parameter gather runs under sharded optimizer states (optimizer.distributed)")
@@ -211,6 +213,8 @@ class DataParallelOptimizer:
                 # a bucket mostly of other parameters (an embedding's) sends fewer bytes as its parameters
                 if fp8.wire_bytes < self._plain_bytes(part.bucket):
                     self._fp8[part.bucket] = fp8
+        if self._fp8:
+            self._fp8_gather = Fp8ParamGather(list(self._fp8.values()), self.group)
 
     @property
     def gathers_fp8(self) -> bool:
