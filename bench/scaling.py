@@ -17,8 +17,9 @@ data-parallel step against its one-GPU twin (`validate` prices each step with th
 others). A step's
 micro-batches per rank come from its own tokens/s and step time, whatever its `accum` meant when it ran.
 The projection keeps InfiR2's CPT batch of 4M tokens a step at every GPU count (`--global-tokens`;
-`--accum` grows it with the GPUs instead). `validate` prices each measured step as it ran, from another
-measured step.
+`--accum` grows it with the GPUs instead), rounded up to whole micro-batches per DP rank where it does not
+split over them (at least one a rank: at 512 GPUs a 32k-row batch of 128 rows grows to one row per rank).
+`validate` prices each measured step as it ran, from another measured step.
 """
 from __future__ import annotations
 
@@ -445,17 +446,22 @@ def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None
     if src is None:
         return {**row, "step_ms": f"no measured step at recompute={recompute} {precision} on this compute path"}
     layout = Layout(tp=tp, cp=cp, dp=gpus // (tp * cp), recompute=recompute)
-    micro = args.accum or args.global_tokens // (args.mbs * seq * layout.dp)
-    if not args.accum and micro * args.mbs * seq * layout.dp != args.global_tokens:
-        return {**row, "step_ms": f"{args.global_tokens} tokens do not split into {layout.dp} x micro-batches "
-                                  f"of {args.mbs} x {seq}"}
+    micro = args.accum or micro_batches(args.global_tokens, args.mbs * seq, layout.dp)
     case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision))
     dp = data_parallel(args, precision, layout)
     pred = predict(case, rates, net, dp, Overlap(args.tp_hidden, contention))
     if dp.overlap:  # beside it, the same step with its data-parallel communication in full view
         pred["efficiency, DP not overlapped"] = predict(case, rates, net, replace(dp, overlap=False),
                                                         Overlap(args.tp_hidden))["efficiency"]
-    return {**row, "dp": layout.dp, "micro-batches": micro, **pred, "source": src.label}
+    return {**row, "dp": layout.dp, "micro-batches": micro, "tokens a step": micro * args.mbs * seq * layout.dp, **pred,
+            "source": src.label}
+
+
+def micro_batches(tokens: int, per_micro_batch: int, dp: int) -> int:
+    """Micro-batches per data-parallel rank of a step of about `tokens`: whole ones, at least one per rank. Where
+    the tokens do not split evenly over the ranks the batch rounds up to the next whole micro-batch per rank (at 512
+    GPUs, 4M tokens of 32k rows are 128 rows for 256 DP ranks: the batch grows to 256 rows)."""
+    return max(1, math.ceil(tokens / (per_micro_batch * dp)))
 
 
 def project(args) -> None:
@@ -474,14 +480,17 @@ def project(args) -> None:
                               args.device)
             rates = src.rates(nets.get(src.device, ONE_GPU)[0], contention) if src else None
             rows += [project_row(args, spec, precision, gpus, src, rates, net, contention) for gpus in args.gpus]
-    columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "step_ms", "compute_ms",
+    columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "tokens a step",
+               "step_ms", "compute_ms",
                "tp_cp_comm_ms", "dp_comm_ms", "dp_cost_ms", "tokens/s per GPU", "efficiency",
                "efficiency, DP not overlapped", "source"]
     sections = [assumptions(args, net_line, "; ".join(f"{p}: {d}" for p, d in dp_lines.items()),
                             f"{contention:.2f} ({contention_line})"),
                 ("batch: " + (f"{args.accum} micro-batches of {args.mbs} x seq tokens per data-parallel rank a step (the "
                               "global batch grows with the GPUs)" if args.accum else
-                              f"{args.global_tokens} tokens a step at every GPU count, in micro-batches of {args.mbs} x seq")
+                              f"{args.global_tokens} tokens a step at every GPU count, in micro-batches of {args.mbs} x seq; "
+                              "where they do not split into whole micro-batches per data-parallel rank, the batch "
+                              "rounds up to the next whole one per rank (at least one: column tokens a step)")
                  + "; compute from the measured step each row names (source), priced by its counts (bench/scaling_model.py), "
                  f"measured on {args.device} where there is one"),
                 "efficiency = compute / step time: the share of the step not spent waiting on communication",

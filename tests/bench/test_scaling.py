@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 import scaling  # noqa: E402
 from _common import markdown_table  # noqa: E402
-from report import Run  # noqa: E402
+from report import Run, is_number  # noqa: E402
 from result_file import write_result  # noqa: E402
 from scaling_model import (  # noqa: E402
     GB, BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
@@ -284,6 +284,20 @@ def test_project_writes_rows_and_a_figure(results, tmp_path):
                                  assumed).group(1))
     assert contention == pytest.approx(CONTENTION, abs=0.03)  # both DP=2 ZeRO-1 steps, at 3 printed digits
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_rounds_up_to_whole_micro_batches_per_rank(results, tmp_path):
+    assert scaling.micro_batches(128 * 32768, 32768, 256) == 1  # 128 rows for 256 ranks: one each, 256 rows
+    assert scaling.micro_batches(64 * SEQ, SEQ, 24) == 3 and scaling.micro_batches(64 * SEQ, SEQ, 8) == 8
+    out = tmp_path / "out" / "scaling.md"
+    out.parent.mkdir()
+    scaling.main(["project", "--results", str(results), "--out", str(out), "--layouts", f"{MODEL}:{SEQ}:tp1:none",
+                  "--precisions", "bf16", "--gpus", "8", "24", "128", "--global-tokens", str(64 * SEQ)])
+    data = json.loads(out.with_suffix(".json").read_text())
+    rows = data["tables"][0]["rows"]
+    assert [(r["micro-batches"], r["tokens a step"]) for r in rows] == [(8, 64 * SEQ), (3, 72 * SEQ), (1, 128 * SEQ)]
+    assert all(is_number(r["step_ms"]) for r in rows)
+    assert any(n.startswith("batch: ") and "rounds up to the next whole one per rank" in n for n in data["notes"])
 
 
 def test_project_takes_each_cases_optimizer_and_fp8_parameter_gather_as_an_option(results, tmp_path):
