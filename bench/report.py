@@ -250,12 +250,13 @@ def kind_sections(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]
 
 
 SCALING_TABLES = {  # kind: (a column that names its table, the columns shown)
-    "scaling": ("efficiency", ["model", "seq", "replica", "precision", "GPUs", "step_ms", "tokens/s per GPU", "efficiency",
-                               "efficiency, DP not overlapped"]),
+    "scaling": ("efficiency", ["model", "seq", "replica", "precision", "GPUs", "tokens a step", "step_ms", "tokens/s per GPU",
+                               "efficiency", "efficiency, DP not overlapped", "step_ms, FP8 param gather",
+                               "efficiency, FP8 param gather"]),
     "scaling_validate": ("error_%", ["model", "seq", "layout", "precision", "GPUs", "device", "measured_ms", "predicted_ms",
                                      "error_%", "inputs on its device"]),
 }
-SCALING_NOTES = ("assumed:", "batch:", "efficiency =", "prediction error:")  # the lines a short table needs beside it
+SCALING_NOTES = ("assumed:", "batch:", "efficiency =", "FP8 param gather", "prediction error:")  # the lines a short table needs beside it
 
 
 def bandwidth_block(run: Run, page_dir: Path) -> list[str]:

@@ -17,8 +17,9 @@ data-parallel step against its one-GPU twin (`validate` prices each step with th
 others). A step's
 micro-batches per rank come from its own tokens/s and step time, whatever its `accum` meant when it ran.
 The projection keeps InfiR2's CPT batch of 4M tokens a step at every GPU count (`--global-tokens`;
-`--accum` grows it with the GPUs instead). `validate` prices each measured step as it ran, from another
-measured step.
+`--accum` grows it with the GPUs instead), rounded up to whole micro-batches per DP rank where it does not
+split over them (at least one a rank: at 512 GPUs a 32k-row batch of 128 rows grows to one row per rank).
+`validate` prices each measured step as it ran, from another measured step.
 """
 from __future__ import annotations
 
@@ -397,22 +398,39 @@ def device_networks(args, runs: list[Run], records: list[Measured]) -> dict:
     return {d: network(args, runs, d) for d in sorted({m.device for m in records if m.layout.gpus > 1})}
 
 
-def data_parallel(args, precision: str, layout: Layout) -> DataParallel:
-    """A projected case's data parallelism: the trainer's for its optimizer overrides, with block-scaled FP8
-    recipes' parameters gathered in FP8 where --fp8-param-gather asks (the trainer does not, yet)."""
+def block_fp8(precision: str) -> bool:
+    """Whether the recipe's weights are block-scaled FP8: those it can all-gather as E4M3 + block scales."""
     r = recipe_of(precision)
-    fp8 = args.fp8_param_gather and r.fp8 and r.weight.granularity == "block"
-    return trainer_data_parallel(optimizer_config(precision), layout, fp8_params=fp8)
+    return r.fp8 and r.weight.granularity == "block"
+
+
+def data_parallel(precision: str, layout: Layout, fp8_params: str = "off") -> DataParallel:
+    """A projected case's data parallelism: the trainer's for its optimizer overrides, with the FP8 linears'
+    weights gathered as `fp8_params` says (infir.train.comm_volume) where the recipe is block-scaled FP8."""
+    return trainer_data_parallel(optimizer_config(precision), layout, fp8_params if block_fp8(precision) else "off")
+
+
+FP8_GATHERS = {"scales": "FP8 linear weights + block scales, the rest",
+               "amax": "FP8 linear weights (block amaxes all-reduced), the rest"}
 
 
 def describe(dp: DataParallel) -> str:
     grads = "FP32" if dp.grad_bytes == 4 else "BF16"
     if dp.mode == "zero1":
-        params = {4: "FP32", 2: "BF16"}.get(dp.param_bytes, "FP8 + block scales")
+        params = {4: "FP32", 2: "BF16"}[dp.param_bytes]
+        params = f"{FP8_GATHERS[dp.fp8_params]} {params}" if dp.fp8_params != "off" else params
         kind = f"ZeRO-1 ({grads} gradients reduce-scattered, {params} parameters all-gathered"
     else:
         kind = f"DDP ({grads} gradients all-reduced"
     return kind + (", overlapped)" if dp.overlap else ", not overlapped)")
+
+
+def fp8_gather_line(args) -> str:
+    scales = ("with one FP32 scale per 128x128 block" if args.fp8_param_gather == "scales" else
+              "after an all-reduce (MAX) of one FP32 amax per 128x128 block, from which every rank computes the scales")
+    return ("FP8 param gather (columns so named; block-scaled FP8 recipes under ZeRO-1, optimizer.fp8_param_gather): "
+            f"the parameter all-gather moves the QKV, proj, FC1 and FC2 weights as E4M3 bytes {scales} "
+            "(--fp8-param-gather), and the embedding, LM head, norms and biases in the optimizer's parameter dtype")
 
 
 def assumptions(args, net_line: str, dp_line: str, contention: str) -> str:
@@ -445,17 +463,29 @@ def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None
     if src is None:
         return {**row, "step_ms": f"no measured step at recompute={recompute} {precision} on this compute path"}
     layout = Layout(tp=tp, cp=cp, dp=gpus // (tp * cp), recompute=recompute)
-    micro = args.accum or args.global_tokens // (args.mbs * seq * layout.dp)
-    if not args.accum and micro * args.mbs * seq * layout.dp != args.global_tokens:
-        return {**row, "step_ms": f"{args.global_tokens} tokens do not split into {layout.dp} x micro-batches "
-                                  f"of {args.mbs} x {seq}"}
+    micro = args.accum or micro_batches(args.global_tokens, args.mbs * seq, layout.dp)
     case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision))
-    dp = data_parallel(args, precision, layout)
+    dp = data_parallel(precision, layout)
     pred = predict(case, rates, net, dp, Overlap(args.tp_hidden, contention))
     if dp.overlap:  # beside it, the same step with its data-parallel communication in full view
         pred["efficiency, DP not overlapped"] = predict(case, rates, net, replace(dp, overlap=False),
                                                         Overlap(args.tp_hidden))["efficiency"]
-    return {**row, "dp": layout.dp, "micro-batches": micro, **pred, "source": src.label}
+    fp8 = data_parallel(precision, layout, args.fp8_param_gather)
+    if fp8.fp8_params != "off":  # beside it, the same step with the FP8 linears' weights gathered in FP8
+        gathered = predict(case, rates, net, fp8, Overlap(args.tp_hidden, contention))
+        pred.update({f"{k}, FP8 param gather": gathered[k] for k in FP8_GATHER_COLUMNS})
+    return {**row, "dp": layout.dp, "micro-batches": micro, "tokens a step": micro * args.mbs * seq * layout.dp, **pred,
+            "source": src.label}
+
+
+def micro_batches(tokens: int, per_micro_batch: int, dp: int) -> int:
+    """Micro-batches per data-parallel rank of a step of about `tokens`: whole ones, at least one per rank. Where
+    the tokens do not split evenly over the ranks the batch rounds up to the next whole micro-batch per rank (at 512
+    GPUs, 4M tokens of 32k rows are 128 rows for 256 DP ranks: the batch grows to 256 rows)."""
+    return max(1, math.ceil(tokens / (per_micro_batch * dp)))
+
+
+FP8_GATHER_COLUMNS = ("step_ms", "dp_comm_ms", "efficiency")  # shown again with the FP8 parameter all-gather
 
 
 def project(args) -> None:
@@ -469,22 +499,26 @@ def project(args) -> None:
     for spec in args.layouts:
         model, seq, tp, cp, recompute = parse_spec(spec)
         for precision in args.precisions:
-            dp_lines[precision] = describe(data_parallel(args, precision, Layout(tp=tp, cp=cp, dp=2)))
+            dp_lines[precision] = describe(data_parallel(precision, Layout(tp=tp, cp=cp, dp=2)))
             src = pick_source(sources, model, seq, Layout(tp=tp, cp=cp, recompute=recompute), case_of(precision),
                               args.device)
             rates = src.rates(nets.get(src.device, ONE_GPU)[0], contention) if src else None
             rows += [project_row(args, spec, precision, gpus, src, rates, net, contention) for gpus in args.gpus]
-    columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "step_ms", "compute_ms",
+    columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "tokens a step",
+               "step_ms", "compute_ms",
                "tp_cp_comm_ms", "dp_comm_ms", "dp_cost_ms", "tokens/s per GPU", "efficiency",
-               "efficiency, DP not overlapped", "source"]
+               "efficiency, DP not overlapped", *(f"{c}, FP8 param gather" for c in FP8_GATHER_COLUMNS), "source"]
     sections = [assumptions(args, net_line, "; ".join(f"{p}: {d}" for p, d in dp_lines.items()),
                             f"{contention:.2f} ({contention_line})"),
                 ("batch: " + (f"{args.accum} micro-batches of {args.mbs} x seq tokens per data-parallel rank a step (the "
                               "global batch grows with the GPUs)" if args.accum else
-                              f"{args.global_tokens} tokens a step at every GPU count, in micro-batches of {args.mbs} x seq")
+                              f"{args.global_tokens} tokens a step at every GPU count, in micro-batches of {args.mbs} x seq; "
+                              "where they do not split into whole micro-batches per data-parallel rank, the batch "
+                              "rounds up to the next whole one per rank (at least one: column tokens a step)")
                  + "; compute from the measured step each row names (source), priced by its counts (bench/scaling_model.py), "
                  f"measured on {args.device} where there is one"),
                 "efficiency = compute / step time: the share of the step not spent waiting on communication",
+                fp8_gather_line(args),
                 "Projected step:\n\n" + markdown_table(rows, columns)]
     emit("Scaling model: projected training step on 8 to 512 GPUs (bench/scaling.py project)", sections, args.out)
     if args.out:
@@ -620,9 +654,10 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--out", help="write the report (markdown) here, its result file beside it (NAME.json)")
     pr = sub.add_parser("project", help="step time, tokens/s per GPU and efficiency on 8-512 GPUs")
     model_options(pr)
-    pr.add_argument("--fp8-param-gather", action=argparse.BooleanOptionalAction, default=False,
-                    help="ZeRO-1: block-scaled FP8 recipes gather FP8 parameters + scales (the trainer gathers the "
-                         "optimizer's parameter dtype: FP32 for adamw)")
+    pr.add_argument("--fp8-param-gather", choices=["scales", "amax"], default="scales",
+                    help="the `FP8 param gather` columns (block-scaled FP8 recipes under ZeRO-1, as "
+                         "optimizer.fp8_param_gather runs it): each 128x128 block's scale gathered with the E4M3 "
+                         "weights, or computed on every rank from block amaxes all-reduced first")
     pr.add_argument("--layouts", nargs="+", default=DEFAULT_LAYOUTS, help="MODEL:SEQ:tpN[cpM]:RECOMPUTE")
     pr.add_argument("--precisions", nargs="+", default=["bf16", "fp8_blockwise_ue8m0"],
                     help="cases as bench/step.py names them: PRECISION[+OVERRIDES], e.g. "

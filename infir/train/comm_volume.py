@@ -18,8 +18,13 @@ The trainer's traffic, as infir.model's layers and megatron-core's DDP issue it:
   infir.train.optimizer runs it (`trainer_data_parallel`): with the states replicated, DDP all-reduces the
   gradients; with them sharded (ZeRO-1, the default wherever DP x CP > 1) it reduce-scatters them and
   all-gathers the updated parameters in the optimizer's parameter dtype (FP32 for adamw, BF16 for the BF16
-  optimizers; FP8 bytes + one FP32 scale per 128x128 block is an option the trainer does not run). Gradients
-  move in `optimizer.grad_reduce_dtype`, in megatron's buckets where they overlap the backward, else in one.
+  optimizers). Gradients move in `optimizer.grad_reduce_dtype`, in megatron's buckets where they overlap the
+  backward, else in one.
+- FP8 parameter all-gather (ZeRO-1, block-scaled FP8 recipes; `DataParallel.fp8_params`): the FP8 linears'
+  weights (QKV, proj, FC1, FC2) move as E4M3 bytes, what their GEMMs read, and the rest (embedding, LM head,
+  norms, biases) in the optimizer's parameter dtype. Each 128x128 block's FP32 scale either moves with them
+  ("scales"), or every rank computes it from the block's amax, all-reduced (MAX) over the DP ranks first
+  ("amax": a shard boundary may split a block, so no one rank sees all of it).
 
 Sizes follow nccl-tests: `Collective.bytes` is the whole buffer (the gathered tensor of an all-gather, the
 input of a reduce-scatter or all-reduce), of which each of n ranks sends `ring_factor(op, n)` times.
@@ -35,7 +40,8 @@ from infir.train.optimizer import sharded_optimizer
 
 ACT_BYTES = 2  # BF16 activations and activation gradients
 FP8_TOKEN_BYTES = 1 + 4 / 128  # an E4M3 byte, plus one FP32 scale per 1x128 block
-FP8_PARAM_BYTES = 1 + 4 / (128 * 128)  # an E4M3 byte, plus one FP32 scale per 128x128 block
+BLOCK_SCALE_BYTES = 4 / (128 * 128)  # one FP32 scale (or amax) per 128x128 block of a weight
+FP8_PARAM_GATHERS = ("off", "scales", "amax")
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 RECOMPUTE = ("none", "selective", "full")
 DP_MODES = ("ddp", "zero1")
@@ -86,30 +92,38 @@ class DataParallel:
     """The gradient reduction: `mode` ddp (all-reduce) or zero1 (reduce-scatter + parameter all-gather),
     bytes per gradient and per gathered parameter, the bucket size in elements (None: one bucket,
     megatron's DDP without overlap), and whether the buckets overlap compute (the gradients' the last
-    backward, the parameters' the optimizer step and the next forward)."""
+    backward, the parameters' the optimizer step and the next forward); `fp8_params` (ZeRO-1 only): off, or the
+    FP8 linears' weights gathered as E4M3 bytes with their block scales ("scales") or after an all-reduce of
+    their block amaxes ("amax")."""
 
     mode: str = "ddp"
     grad_bytes: float = 4
     param_bytes: float = 4
     bucket_elems: int | None = None
     overlap: bool = False
+    fp8_params: str = "off"
 
     def __post_init__(self):
         if self.mode not in DP_MODES:
             raise ValueError(f"data-parallel mode {self.mode!r}; valid: {list(DP_MODES)}")
+        if self.fp8_params not in FP8_PARAM_GATHERS:
+            raise ValueError(f"fp8_params={self.fp8_params!r}; valid: {list(FP8_PARAM_GATHERS)}")
+        if self.fp8_params != "off" and self.mode != "zero1":
+            raise ValueError("fp8_params gathers sharded parameters: it needs mode='zero1'")
 
 
-def trainer_data_parallel(oc, layout: Layout, fp8_params: bool = False) -> DataParallel:
+def trainer_data_parallel(oc, layout: Layout, fp8_params: str = "off") -> DataParallel:
     """What the trainer runs for optimizer config `oc` (infir.train.schema.OptimizerConfig) on `layout`:
     ZeRO-1 where it shards the states, else DDP; gradients in `oc.grad_reduce_dtype`; parameters gathered in
-    the optimizer's parameter dtype, or as FP8 + block scales with `fp8_params`; megatron's buckets
-    (`oc.bucket_size`, else max(40M, 1M x DP) elements) where they overlap, one bucket where not."""
+    the optimizer's parameter dtype, the FP8 linears' weights as `fp8_params` says where it shards them;
+    megatron's buckets (`oc.bucket_size`, else max(40M, 1M x DP) elements) where they overlap, one where not."""
     from infir.optim import optimizer_spec
 
     buckets = (oc.bucket_size or max(MEGATRON_BUCKET_ELEMS, 1_000_000 * layout.dp)) if oc.overlap_grad_reduce else None
-    param_bytes = FP8_PARAM_BYTES if fp8_params else optimizer_spec(oc.name).param_dtype.itemsize
-    return DataParallel("zero1" if sharded_optimizer(oc, layout.grad_ranks) else "ddp",
-                        4 if oc.grad_reduce_dtype == "fp32" else 2, param_bytes, buckets, oc.overlap_grad_reduce)
+    sharded = sharded_optimizer(oc, layout.grad_ranks)
+    return DataParallel("zero1" if sharded else "ddp", 4 if oc.grad_reduce_dtype == "fp32" else 2,
+                        optimizer_spec(oc.name).param_dtype.itemsize, buckets, oc.overlap_grad_reduce,
+                        fp8_params if sharded else "off")
 
 
 @dataclass(frozen=True)
@@ -133,6 +147,12 @@ def rank_params(size: QwenSize, tp: int) -> float:
     """Parameters one tensor-parallel rank holds: everything split tp ways but the norms' weights."""
     norms = (2 * size.layers + 1) * size.hidden
     return (size.num_params() - norms) / tp + norms
+
+
+def fp8_linear_params(size: QwenSize, tp: int) -> float:
+    """Weights of one tensor-parallel rank's FP8 linears: QKV, proj, FC1 (gate and up) and FC2 of every layer."""
+    d, kv = size.hidden, size.kv_heads * size.head_dim
+    return size.layers * (d * (d + 2 * kv) + d * d + 3 * d * size.ffn) / tp
 
 
 def tp_collectives(size: QwenSize, seq: int, mbs: int, layout: Layout, fp8_gather: bool = False) -> list[Collective]:
@@ -181,5 +201,10 @@ def dp_collectives(size: QwenSize, layout: Layout, dp: DataParallel) -> list[Col
     grads = params * dp.grad_bytes / buckets
     if dp.mode == "ddp":
         return [Collective("gradients", "all_reduce", "dp", grads, buckets, "grads")]
-    return [Collective("gradients", "reduce_scatter", "dp", grads, buckets, "grads"),
-            Collective("parameters", "all_gather", "dp", params * dp.param_bytes / buckets, buckets, "params")]
+    fp8 = 0.0 if dp.fp8_params == "off" else fp8_linear_params(size, layout.tp)
+    gathered = (params - fp8) * dp.param_bytes + fp8 * (1 + (BLOCK_SCALE_BYTES if dp.fp8_params == "scales" else 0))
+    out = [Collective("gradients", "reduce_scatter", "dp", grads, buckets, "grads"),
+           Collective("parameters", "all_gather", "dp", gathered / buckets, buckets, "params")]
+    if dp.fp8_params == "amax":
+        out.append(Collective("block amaxes", "all_reduce", "dp", fp8 * BLOCK_SCALE_BYTES / buckets, buckets, "params"))
+    return out

@@ -129,8 +129,9 @@ def _scaling_results(root: Path) -> Path:
     bw = [{"op": op, "ranks": 2, "size_MiB": mib, "time_us": 10.0, "algbw_GB/s": 1.0, "busbw_GB/s": gbs}
           for op in ("all_gather", "all_reduce") for mib, gbs in ((1, 50.0), (4, 120.0), (16, 300.0))]
     proj = [{"model": "qwen2.5-7b", "seq": 32768, "replica": "tp4", "recompute": "full", "precision": "bf16", "GPUs": g,
-             "dp": g // 4, "step_ms": ms, "compute_ms": 2000.0, "tokens/s per GPU": 6000.0, "efficiency": eff,
-             "efficiency, DP not overlapped": eff - 0.1, "source": "qwen2.5-7b s32768 bf16 (x/step_7b)"}
+             "dp": g // 4, "tokens a step": 4194304, "step_ms": ms, "compute_ms": 2000.0, "tokens/s per GPU": 6000.0,
+             "efficiency": eff, "efficiency, DP not overlapped": eff - 0.1, "step_ms, FP8 param gather": ms - 100,
+             "efficiency, FP8 param gather": eff + 0.05, "source": "qwen2.5-7b s32768 bf16 (x/step_7b)"}
             for g, ms, eff in ((8, 2400.0, 0.833), (512, 2500.0, 0.8))]
     val = [{"model": "qwen2.5-1.5b", "seq": 4096, "recompute": "none", "precision": "bf16", "layout": "tp1xdp2",
             "GPUs": 2, "mbs x accum": "2x8", "device": "NVIDIA H100 80GB HBM3", "measured_ms": 760.0,
@@ -162,9 +163,9 @@ def test_page_shows_the_newest_scaling_runs_as_short_tables(tmp_path):
     assert "| op | ranks | 1 MiB | 16 MiB |" in section and "| all_reduce | 2 | 50 | 300 |" in section
     # the projection: its assumptions and a few columns, the newest run only, then its figure
     assert "assumed: 50 GB/s a GPU between nodes" in section and "batch: 4M tokens" in section
-    assert ("| model | seq | replica | precision | GPUs | step_ms | tokens/s per GPU | efficiency | "
-            "efficiency, DP not overlapped |") in section
-    assert "| qwen2.5-7b | 32768 | tp4 | bf16 | 512 | 2.5e+03 | 6e+03 | 0.8 | 0.7 |" in section
+    assert ("| model | seq | replica | precision | GPUs | tokens a step | step_ms | tokens/s per GPU | efficiency | "
+            "efficiency, DP not overlapped | step_ms, FP8 param gather | efficiency, FP8 param gather |") in section
+    assert "| qwen2.5-7b | 32768 | tp4 | bf16 | 512 | 4194304 | 2.5e+03 | 6e+03 | 0.8 | 0.7 | 2.4e+03 | 0.85 |" in section
     assert not any("9.999e+03" in ln or "| 1e+04 |" in ln for ln in section)
     assert "![scaling](results/2026-01-03-ccccccc/scaling.png)" in section
     # the validation: its error summary on the page, its rows in the result file

@@ -18,14 +18,16 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 import scaling  # noqa: E402
 from _common import markdown_table  # noqa: E402
-from report import Run  # noqa: E402
+from report import Run, is_number  # noqa: E402
 from result_file import write_result  # noqa: E402
 from scaling_model import (  # noqa: E402
     GB, BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
 )
 
 from infir.model.qwen import QwenSize, get_size  # noqa: E402
-from infir.train.comm_volume import FP8_PARAM_BYTES, DataParallel, Layout, rank_params  # noqa: E402
+from infir.train.comm_volume import (  # noqa: E402
+    BLOCK_SCALE_BYTES, DataParallel, Layout, fp8_linear_params, rank_params,
+)
 
 MODEL, SEQ = "qwen2.5-1.5b", 4096
 SIZE = get_size(MODEL)
@@ -265,12 +267,16 @@ def test_without_a_second_measured_pair_the_overlap_is_free(results, tmp_path):
     assert any("contention with compute: --dp-contention" in n for n in data["notes"])
 
 
-def test_project_writes_rows_and_a_figure(results, tmp_path):
+def _project(results: Path, tmp_path: Path, *argv: str) -> dict:
     out = tmp_path / "out" / "scaling.md"
-    out.parent.mkdir()
-    scaling.main(["project", "--results", str(results), "--out", str(out), "--layouts", f"{MODEL}:{SEQ}:tp1:none",
-                  "qwen2.5-7b:4096:tp2:full", "--precisions", "bf16", "--gpus", "8", "16", "--global-tokens", str(64 * SEQ)])
-    data = json.loads(out.with_suffix(".json").read_text())
+    out.parent.mkdir(exist_ok=True)
+    scaling.main(["project", "--results", str(results), "--out", str(out), "--global-tokens", str(64 * SEQ), *argv])
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+def test_project_writes_rows_and_a_figure(results, tmp_path):
+    data = _project(results, tmp_path, "--layouts", f"{MODEL}:{SEQ}:tp1:none", "qwen2.5-7b:4096:tp2:full",
+                    "--precisions", "bf16", "--gpus", "8", "16")
     rows = data["tables"][0]["rows"]
     assert [(r["model"], r["GPUs"], r["micro-batches"]) for r in rows[:2]] == [(MODEL, 8, 8), (MODEL, 16, 4)]
     assert all(0 < r["efficiency"] <= 1 and r["dp_cost_ms"] > 0 for r in rows[:2])
@@ -283,25 +289,44 @@ def test_project_writes_rows_and_a_figure(results, tmp_path):
     contention = float(re.search(r"contention with compute: ([\d.]+) \(measured: DP steps against their one-GPU twins",
                                  assumed).group(1))
     assert contention == pytest.approx(CONTENTION, abs=0.03)  # both DP=2 ZeRO-1 steps, at 3 printed digits
-    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "out" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_rounds_up_to_whole_micro_batches_per_rank(results, tmp_path):
+    assert scaling.micro_batches(128 * 32768, 32768, 256) == 1  # 128 rows for 256 ranks: one each, 256 rows
+    assert scaling.micro_batches(64 * SEQ, SEQ, 24) == 3 and scaling.micro_batches(64 * SEQ, SEQ, 8) == 8
+    data = _project(results, tmp_path, "--layouts", f"{MODEL}:{SEQ}:tp1:none", "--precisions", "bf16",
+                    "--gpus", "8", "24", "128")
+    rows = data["tables"][0]["rows"]
+    assert [(r["micro-batches"], r["tokens a step"]) for r in rows] == [(8, 64 * SEQ), (3, 72 * SEQ), (1, 128 * SEQ)]
+    assert all(is_number(r["step_ms"]) for r in rows)
+    assert any(n.startswith("batch: ") and "rounds up to the next whole one per rank" in n for n in data["notes"])
 
 
 def test_project_takes_each_cases_optimizer_and_fp8_parameter_gather_as_an_option(results, tmp_path):
-    out = tmp_path / "out" / "scaling.md"
-    out.parent.mkdir()
-    argv = ["project", "--results", str(results), "--out", str(out), "--layouts", f"{MODEL}:{SEQ}:tp1:none",
-            "--gpus", "8", "--global-tokens", str(64 * SEQ)]
-    scaling.main([*argv, "--precisions", "fp8_blockwise_ue8m0", "bf16+optimizer=flash_adamw", "bf16" + REPLICATED])
-    notes = json.loads(out.with_suffix(".json").read_text())["notes"]
+    argv = ["--layouts", f"{MODEL}:{SEQ}:tp1:none", "--gpus", "8"]
+    notes = _project(results, tmp_path, *argv, "--precisions", "fp8_blockwise_ue8m0", "bf16+optimizer=flash_adamw",
+                     "bf16" + REPLICATED)["notes"]
     assert "fp8_blockwise_ue8m0: ZeRO-1 (FP32 gradients reduce-scattered, FP32 parameters" in notes[0]
     assert "bf16+optimizer=flash_adamw: ZeRO-1 (FP32 gradients reduce-scattered, BF16 parameters" in notes[0]
     assert f"bf16{REPLICATED}: DDP (FP32 gradients all-reduced, not overlapped)" in notes[0]
-    scaling.main([*argv, "--precisions", "fp8_blockwise_ue8m0", "--fp8-param-gather"])
-    data = json.loads(out.with_suffix(".json").read_text())
-    assert "FP8 + block scales parameters all-gathered" in data["notes"][0]
-    # eight ranks: each sends 7/8 of the FP32 gradients, then of the parameters' E4M3 bytes and block scales
-    assert data["tables"][0]["rows"][0]["dp_comm_ms"] == pytest.approx(1e3 * (4 + FP8_PARAM_BYTES) * P * 7 / 8 / (200 * GB),
-                                                                       rel=0.01)
+    data = _project(results, tmp_path, *argv, "--precisions", "fp8_blockwise_ue8m0", "bf16")
+    fp8_row, bf16_row = data["tables"][0]["rows"]
+    assert any(n.startswith("FP8 param gather") and "E4M3 bytes with one FP32 scale per 128x128 block" in n
+               for n in data["notes"])
+    # eight ranks: each sends 7/8 of the FP32 gradients, then of the parameters: the FP8 linears' E4M3 bytes and
+    # block scales, the rest FP32
+    F = fp8_linear_params(SIZE, 1)
+    gathered = F * (1 + BLOCK_SCALE_BYTES) + 4 * (P - F)
+    assert fp8_row["dp_comm_ms, FP8 param gather"] == pytest.approx(1e3 * (4 * P + gathered) * 7 / 8 / (200 * GB), rel=0.01)
+    assert fp8_row["dp_comm_ms"] == pytest.approx(1e3 * 8 * P * 7 / 8 / (200 * GB), rel=0.01)  # the trainer's today
+    assert fp8_row["efficiency, FP8 param gather"] >= fp8_row["efficiency"]
+    assert bf16_row.get("step_ms, FP8 param gather") is None  # BF16 weights: nothing to gather in FP8
+    row = _project(results, tmp_path, *argv, "--precisions", "fp8_blockwise_ue8m0", "--fp8-param-gather", "amax")[
+        "tables"][0]["rows"][0]
+    amax = F * BLOCK_SCALE_BYTES * 2  # all-reduced: 2(n-1)/n of the buffer
+    assert row["dp_comm_ms, FP8 param gather"] == pytest.approx(
+        1e3 * (4 * P + F + 4 * (P - F) + amax) * 7 / 8 / (200 * GB), rel=0.01)
 
 
 @pytest.mark.parametrize("argv, says", [

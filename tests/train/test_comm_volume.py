@@ -5,7 +5,7 @@ import pytest
 
 from infir.model.qwen import QwenSize
 from infir.train.comm_volume import (
-    FP8_PARAM_BYTES, FP8_TOKEN_BYTES, DataParallel, Layout, cp_collectives, dp_collectives, rank_params, ring_factor,
+    FP8_TOKEN_BYTES, DataParallel, Layout, cp_collectives, dp_collectives, rank_params, ring_factor,
     tp_collectives, trainer_data_parallel,
 )
 from infir.train.schema import OptimizerConfig
@@ -93,9 +93,9 @@ def test_ddp_all_reduces_every_gradient_and_zero1_scatters_then_gathers(dp):
     ddp = dp_collectives(SIZE, layout, DataParallel("ddp", grad_bytes=4))
     assert [(x.op, x.calls) for x in ddp] == [("all_reduce", 1)]
     assert _sent(ddp, dp) == pytest.approx(2 * (dp - 1) / dp * 4 * P)
-    zero1 = dp_collectives(SIZE, layout, DataParallel("zero1", grad_bytes=2, param_bytes=FP8_PARAM_BYTES))
+    zero1 = dp_collectives(SIZE, layout, DataParallel("zero1", grad_bytes=2, param_bytes=2))
     assert _sent(zero1, dp, "reduce_scatter") == pytest.approx((dp - 1) / dp * 2 * P)
-    assert _sent(zero1, dp, "all_gather") == pytest.approx((dp - 1) / dp * (1 + 4 / 128**2) * P)
+    assert _sent(zero1, dp, "all_gather") == pytest.approx((dp - 1) / dp * 2 * P)
 
 
 def test_buckets_split_the_same_bytes_and_cp_ranks_reduce_gradients_too():
@@ -114,7 +114,10 @@ def test_the_trainer_shards_states_over_several_ranks_and_gathers_the_optimizers
     assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(dp=64)).bucket_elems == 64_000_000  # 1M x DP
     assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(cp=2)).mode == "zero1"  # CP ranks shard too
     assert trainer_data_parallel(OptimizerConfig(name="flash_adamw"), Layout(dp=2)).param_bytes == 2  # BF16 params
-    assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(dp=2), fp8_params=True).param_bytes == FP8_PARAM_BYTES
+    fp8 = trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(dp=2), fp8_params="amax")
+    assert (fp8.fp8_params, fp8.param_bytes) == ("amax", 4)  # the rest of the parameters: FP32, adamw's
+    assert trainer_data_parallel(OptimizerConfig(name="adamw", distributed=False), Layout(dp=2),
+                                 fp8_params="amax").fp8_params == "off"  # replicated states: nothing gathered
     replicated = OptimizerConfig(name="adamw", distributed=False, overlap_grad_reduce=False)
     assert trainer_data_parallel(replicated, Layout(dp=2)) == DataParallel("ddp", 4, 4, bucket_elems=None, overlap=False)
     custom = OptimizerConfig(name="sr_adamw", grad_reduce_dtype="bf16", bucket_size=1000)
@@ -129,3 +132,38 @@ def test_bad_layouts_name_the_key():
         Layout(recompute="some")
     with pytest.raises(ValueError, match="zero3"):
         DataParallel("zero3")
+
+
+# 128-wide heads and dims that are multiples of 128: each weight is whole 128x128 blocks
+BLOCKY = QwenSize(hidden=256, layers=2, heads=2, kv_heads=1, ffn=512, vocab=1024, tied=True, max_positions=256)
+
+
+@pytest.mark.parametrize("tp, fp8, rest", [
+    # a layer's QKV 256x512, proj 256x256, FC1 256x1024, FC2 512x256: 589824 weights, two layers; the rest:
+    # embedding 262144, QKV biases 2 x 512, norms 5 x 256 (the norms whole on every TP rank)
+    (1, 1_179_648, 262_144 + 1_024 + 1_280),
+    (2, 589_824, 131_072 + 512 + 1_280),
+])
+def test_fp8_parameter_gather_moves_e4m3_linear_weights_with_block_scales_or_amaxes(tp, fp8, rest):
+    layout = Layout(tp=tp, dp=4)
+    assert rank_params(BLOCKY, tp) == fp8 + rest
+    blocks = fp8 // (128 * 128)  # 72 blocks at TP=1, 36 at TP=2
+    plain = dp_collectives(BLOCKY, layout, DataParallel("zero1", param_bytes=4))
+    assert [(c.name, c.bytes) for c in plain] == [("gradients", 4 * (fp8 + rest)), ("parameters", 4 * (fp8 + rest))]
+    scales = dp_collectives(BLOCKY, layout, DataParallel("zero1", param_bytes=4, fp8_params="scales"))
+    assert [(c.name, c.op, c.bytes) for c in scales] == [
+        ("gradients", "reduce_scatter", 4 * (fp8 + rest)), ("parameters", "all_gather", fp8 + 4 * blocks + 4 * rest)]
+    amax = dp_collectives(BLOCKY, layout, DataParallel("zero1", param_bytes=2, fp8_params="amax"))
+    assert [(c.name, c.op, c.bytes, c.phase) for c in amax[1:]] == [
+        ("parameters", "all_gather", fp8 + 2 * rest, "params"), ("block amaxes", "all_reduce", 4 * blocks, "params")]
+    assert scales[1].bytes == {1: 2_237_728, 2: 1_121_424}[tp]  # the same, summed by hand
+    bucketed = dp_collectives(BLOCKY, layout, DataParallel("zero1", bucket_elems=100_000, fp8_params="amax"))
+    assert [c.calls for c in bucketed] == [-(-(fp8 + rest) // 100_000)] * 3
+    assert sum(c.calls * c.bytes for c in bucketed if c.op == "all_reduce") == pytest.approx(4 * blocks)
+
+
+def test_fp8_parameter_gather_needs_sharded_states_and_a_known_scale_mode():
+    with pytest.raises(ValueError, match="zero1"):
+        DataParallel("ddp", fp8_params="scales")
+    with pytest.raises(ValueError, match="fp8_params='fp8'"):
+        DataParallel("zero1", fp8_params="fp8")
