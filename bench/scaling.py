@@ -125,7 +125,7 @@ def measure(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------- result files
-DP_FIELDS = ("distributed", "overlap_grad_reduce", "bucket_size", "grad_reduce_dtype")  # optimizer.* that shape DP
+DP_FIELDS = ("distributed", "overlap_grad_reduce", "bucket_size", "grad_reduce_dtype", "fp8_param_gather")  # optimizer.* that shape DP
 DP_ONLY = ("optimizer.distributed=", "optimizer.overlap_grad_reduce=", "optimizer.bucket_size=")  # no GPU's compute
 
 
@@ -161,8 +161,12 @@ class Measured:
 
     @property
     def dp(self) -> DataParallel:
-        """Its data parallelism, as the trainer ran it: its optimizer overrides on its layout."""
-        return trainer_data_parallel(optimizer_config(self.row["precision"]), self.layout)
+        """Its data parallelism, as the trainer ran it: its optimizer overrides on its layout. Steps measured
+        since the trainer gathers FP8 weights as FP8 (after one all-reduce of their block amaxes) carry the
+        bytes they gathered (param_gather_MiB); older ones gathered the parameters."""
+        oc = optimizer_config(self.row["precision"])
+        fp8 = "amax" if "param_gather_MiB" in self.row and block_fp8(self.row["precision"]) else "off"
+        return trainer_data_parallel(oc, self.layout, fp8)
 
     def priced(self) -> Case:
         r = self.row
@@ -654,7 +658,7 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--out", help="write the report (markdown) here, its result file beside it (NAME.json)")
     pr = sub.add_parser("project", help="step time, tokens/s per GPU and efficiency on 8-512 GPUs")
     model_options(pr)
-    pr.add_argument("--fp8-param-gather", choices=["scales", "amax"], default="scales",
+    pr.add_argument("--fp8-param-gather", choices=["scales", "amax"], default="amax",
                     help="the `FP8 param gather` columns (block-scaled FP8 recipes under ZeRO-1, as "
                          "optimizer.fp8_param_gather runs it): each 128x128 block's scale gathered with the E4M3 "
                          "weights, or computed on every rank from block amaxes all-reduced first")

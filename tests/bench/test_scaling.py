@@ -310,7 +310,7 @@ def test_project_takes_each_cases_optimizer_and_fp8_parameter_gather_as_an_optio
     assert "fp8_blockwise_ue8m0: ZeRO-1 (FP32 gradients reduce-scattered, FP32 parameters" in notes[0]
     assert "bf16+optimizer=flash_adamw: ZeRO-1 (FP32 gradients reduce-scattered, BF16 parameters" in notes[0]
     assert f"bf16{REPLICATED}: DDP (FP32 gradients all-reduced, not overlapped)" in notes[0]
-    data = _project(results, tmp_path, *argv, "--precisions", "fp8_blockwise_ue8m0", "bf16")
+    data = _project(results, tmp_path, *argv, "--precisions", "fp8_blockwise_ue8m0", "bf16", "--fp8-param-gather", "scales")
     fp8_row, bf16_row = data["tables"][0]["rows"]
     assert any(n.startswith("FP8 param gather") and "E4M3 bytes with one FP32 scale per 128x128 block" in n
                for n in data["notes"])
@@ -319,10 +319,10 @@ def test_project_takes_each_cases_optimizer_and_fp8_parameter_gather_as_an_optio
     F = fp8_linear_params(SIZE, 1)
     gathered = F * (1 + BLOCK_SCALE_BYTES) + 4 * (P - F)
     assert fp8_row["dp_comm_ms, FP8 param gather"] == pytest.approx(1e3 * (4 * P + gathered) * 7 / 8 / (200 * GB), rel=0.01)
-    assert fp8_row["dp_comm_ms"] == pytest.approx(1e3 * 8 * P * 7 / 8 / (200 * GB), rel=0.01)  # the trainer's today
+    assert fp8_row["dp_comm_ms"] == pytest.approx(1e3 * 8 * P * 7 / 8 / (200 * GB), rel=0.01)  # parameters gathered
     assert fp8_row["efficiency, FP8 param gather"] >= fp8_row["efficiency"]
     assert bf16_row.get("step_ms, FP8 param gather") is None  # BF16 weights: nothing to gather in FP8
-    row = _project(results, tmp_path, *argv, "--precisions", "fp8_blockwise_ue8m0", "--fp8-param-gather", "amax")[
+    row = _project(results, tmp_path, *argv, "--precisions", "fp8_blockwise_ue8m0")[  # the trainer's: amax
         "tables"][0]["rows"][0]
     amax = F * BLOCK_SCALE_BYTES * 2  # all-reduced: 2(n-1)/n of the buffer
     assert row["dp_comm_ms, FP8 param gather"] == pytest.approx(
