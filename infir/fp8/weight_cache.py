@@ -83,7 +83,11 @@ class WeightCache:
         if old is not None and old.data is data and old.scale is scale and old.layout_cache.keys() == q.layout_cache.keys():
             with torch.no_grad():
                 for key, t in q.layout_cache.items():
-                    old.layout_cache[key].copy_(t)
+                    # a layout that is a view of the scale itself (no padding needed) is already current; an
+                    # in-place copy would bump the version of every scale sharing its storage, which earlier
+                    # layers' forwards saved for their backward
+                    if t.data_ptr() != old.layout_cache[key].data_ptr():
+                        old.layout_cache[key].copy_(t)
         else:
             self.q = q
         self.mark_fresh(weight, recipe)

@@ -408,3 +408,27 @@ def test_traced_swiglu_epilogue_fused_matches_the_reference_gpu(mode, monkeypatc
     assert (got_dx == ref_dx).float().mean() >= 0.99, float((got_dx != ref_dx).float().mean())
     torch.testing.assert_close(got_dx.float(), ref_dx.float(), rtol=2e-2, atol=1e-3 * ref_dx.abs().max().item())
     torch.testing.assert_close(got, ref, rtol=2e-2, atol=1e-3 * ref.abs().max().item())
+
+
+def test_adopted_weights_back_linears_and_keep_the_scales_saved_for_backward():
+    """WeightCache.adopt (the FP8 parameter gather's weights): the cache serves the given FP8 bytes and scales,
+    and a later layer re-adopting its weight (in its forward pre-hook, while an earlier layer's backward is
+    pending) does not bump the version of the scale buffer the layers share (K = 512: 4 scale columns, so
+    scaled_mm's layout of a scale is the scale itself)."""
+    recipe = get_recipe("fp8_blockwise_ue8m0")
+    weights = [torch.randn(256, 512), torch.randn(256, 512)]
+    whole = [WeightCache().get(w, recipe) for w in weights]
+    n = whole[0].scale.numel()
+    scales = torch.ones(2 * n)  # both weights' scales in one buffer, as the gather keeps them
+    caches = [WeightCache(), WeightCache()]
+    for i, (w, q) in enumerate(zip(weights, whole)):
+        scales[i * n:(i + 1) * n].copy_(q.scale.view(-1))
+        caches[i].adopt(w, recipe, q.data.clone(), scales[i * n:(i + 1) * n].view_as(q.scale))
+    x = torch.randn(128, 512, requires_grad=True)
+    spec = LinearSpec.of(recipe, "block")
+    y = fp8_linear(x, weights[0], caches[0].q, None, spec)
+    assert torch.equal(y, fp8_linear(x, weights[0], whole[0], None, spec))
+    b = caches[1].q
+    caches[1].adopt(weights[1], recipe, b.data, b.scale)  # the next step's, for the later layer
+    y.sum().backward()
+    assert caches[1].fresh(weights[1], recipe) and caches[1].q is b
