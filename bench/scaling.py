@@ -41,7 +41,7 @@ from scaling_model import (  # noqa: E402
 
 from infir.model.qwen import get_size  # noqa: E402
 from infir.train.comm_volume import (  # noqa: E402
-    OPS, DataParallel, Layout, rank_params, ring_factor, trainer_data_parallel,
+    OPS, DataParallel, Layout, dp_collectives, rank_params, ring_factor, trainer_data_parallel,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,8 +165,14 @@ class Measured:
         since the trainer gathers FP8 weights as FP8 (after one all-reduce of their block amaxes) carry the
         bytes they gathered (param_gather_MiB); older ones gathered the parameters."""
         oc = optimizer_config(self.row["precision"])
-        fp8 = "amax" if "param_gather_MiB" in self.row and block_fp8(self.row["precision"]) else "off"
-        return trainer_data_parallel(oc, self.layout, fp8)
+        plain = trainer_data_parallel(oc, self.layout)
+        if plain.mode != "zero1" or not block_fp8(self.row["precision"]) or not is_number(self.row.get("param_gather_MiB")):
+            return plain
+        # the bytes it gathered say which gather ran (the setting's default was not the same at every commit)
+        size, layout = get_size(self.row["model"]), self.layout
+        params = sum(c.bytes * c.calls for c in dp_collectives(size, layout, plain) if c.name == "parameters")
+        fp8 = self.row["param_gather_MiB"] * 2**20 < 0.9 * params / layout.grad_ranks
+        return trainer_data_parallel(oc, self.layout, "amax") if fp8 else plain
 
     def priced(self) -> Case:
         r = self.row

@@ -123,7 +123,7 @@ def trainer_data_parallel(oc, layout: Layout, fp8_params: str = "off") -> DataPa
     sharded = sharded_optimizer(oc, layout.grad_ranks)
     return DataParallel("zero1" if sharded else "ddp", 4 if oc.grad_reduce_dtype == "fp32" else 2,
                         optimizer_spec(oc.name).param_dtype.itemsize, buckets, oc.overlap_grad_reduce,
-                        fp8_params if sharded and oc.fp8_param_gather is not False else "off")
+                        fp8_params if sharded else "off")
 
 
 @dataclass(frozen=True)

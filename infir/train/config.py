@@ -174,5 +174,5 @@ def validate(cfg: DictConfig) -> None:
         from infir.train.precision import build_recipe
 
         check(gathers_in_fp8(build_recipe(cfg.precision)), "optimizer.fp8_param_gather", True,
-              f"false or null with precision={cfg.precision.name}: only recipes with 128x128 weight blocks scaled from "
+              f"false with precision={cfg.precision.name}: only recipes with 128x128 weight blocks scaled from "
               "their amax (fp8_blockwise_*) gather FP8 weights")

@@ -58,16 +58,15 @@ def sharded_optimizer(oc, grad_ranks: int) -> bool:
 
 
 def fp8_param_gather(oc, recipe, sharded: bool) -> bool:
-    """Whether the FP8 linears' weights are all-gathered as FP8 (`optimizer.fp8_param_gather`; null: wherever
-    the states are sharded and the recipe's weights are 128x128 blocks)."""
+    """Whether the FP8 linears' weights are all-gathered as FP8 (`optimizer.fp8_param_gather`, which needs
+    sharded states and a recipe of 128x128 weight blocks)."""
     from infir.train.config import ConfigError
     from infir.train.fp8_param_gather import gathers_in_fp8
 
-    able = sharded and gathers_in_fp8(recipe)
-    if oc.fp8_param_gather and not able:
+    if oc.fp8_param_gather and not (sharded and gathers_in_fp8(recipe)):
         raise ConfigError("optimizer.fp8_param_gather=true needs sharded optimizer states: more than one data-parallel "
-                          "rank, or optimizer.distributed=true; set it to null or false for this run")
-    return able if oc.fp8_param_gather is None else bool(oc.fp8_param_gather)
+                          "rank, or optimizer.distributed=true; set it to false for this run")
+    return oc.fp8_param_gather
 
 
 class DataParallelOptimizer:

@@ -94,9 +94,10 @@ class OptimizerConfig:
     overlap_grad_reduce: bool = True  # reduce each gradient bucket while backward computes the next
     bucket_size: Optional[int] = None  # elements per gradient bucket; null: megatron's max(40M, 1M x DP)
     grad_reduce_dtype: str = "fp32"  # fp32 | bf16: the dtype gradients accumulate and are reduced in
-    # sharded states: the FP8 linears' updated weights are all-gathered as FP8 bytes (infir/train/fp8_param_gather.py);
-    # null: on wherever the states are sharded and the recipe's weights are 128x128 blocks
-    fp8_param_gather: Optional[bool] = None
+    # sharded states, 128x128-block FP8 recipes: the FP8 linears' updated weights are all-gathered as FP8 bytes
+    # (infir/train/fp8_param_gather.py): fewer bytes on the wire, more work and one more exchange in the step;
+    # for links slower than the step's compute (across nodes). Off: BENCHMARKS.md measures it within a node
+    fp8_param_gather: bool = False
 
     def __post_init__(self):
         from infir.optim import OPTIMIZERS

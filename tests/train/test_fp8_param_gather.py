@@ -40,13 +40,13 @@ def test_fp8_gather_takes_the_parameter_gathers_steps(demo_root, tmp_path, preci
             assert torch.equal(t, saved[1][key]), key
 
 
-def test_fp8_gather_is_on_by_default_for_block_weights_only(demo_root, tmp_path):
-    _, _, line = _run(demo_root, tmp_path / "moss", ["precision=moss", "stage.iters=1"])
-    assert "FP8" not in line  # MOSS's predicted per-tensor weight scales: the parameters are gathered
+def test_the_parameters_are_gathered_unless_asked(demo_root, tmp_path):
+    _, _, line = _run(demo_root, tmp_path / "default", ["precision=fp8_blockwise_ue8m0", "stage.iters=1"])
+    assert "FP8" not in line
 
 
 @pytest.mark.parametrize("overrides, nproc, message", [
-    (["precision=bf16"], 1, "optimizer.fp8_param_gather=True is not valid: expected false or null with precision=bf16"),
+    (["precision=bf16"], 1, "optimizer.fp8_param_gather=True is not valid: expected false with precision=bf16"),
     (["precision=fp8_blockwise_ue8m0"], 1, "optimizer.fp8_param_gather=true needs sharded optimizer states"),
 ])
 def test_fp8_gather_without_its_conditions_is_refused_in_one_line(demo_root, tmp_path, overrides, nproc, message):
@@ -63,7 +63,7 @@ def test_fp8_gather_on_two_gpus(demo_root, tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     common = ["precision=fp8_blockwise_ue8m0", "optimizer=flash_adamw", "stage.iters=20", "train.save_interval=20"]
-    fp8, fp8_mib, _ = _run(demo_root, tmp_path / "fp8", common)
+    fp8, fp8_mib, _ = _run(demo_root, tmp_path / "fp8", [*common, "optimizer.fp8_param_gather=true"])
     plain, plain_mib, _ = _run(demo_root, tmp_path / "plain", [*common, "optimizer.fp8_param_gather=false"])
     again, _, _ = _run(demo_root, tmp_path / "again", [*common, "optimizer.fp8_param_gather=false", "seed=1235"])
     spread = max(abs(plain[s] - again[s]) / plain[s] for s in plain)
