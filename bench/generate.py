@@ -1,15 +1,26 @@
-"""HF-backend generation throughput (new tokens/s) of infir-eval, for hosts without vLLM.
+"""HF-backend generation throughput (new tokens/s) of infir-eval, for hosts without vLLM, mode by mode.
 
-Builds a random Qwen2 of a size from infir.model.qwen's table (vocabulary cut to the demo tokenizer's),
-renders the demo's held-out problems with the chat template, and times `HFBackend.generate` exactly
-as `infir-eval run` calls it (InfiR2 sampling: temperature 0.65, top-p 0.95). Tokens are counted from
-the completions (a random model may stop early on an end token), after one warm-up call per case.
+Builds a random Qwen2 of a size from infir.model.qwen's table (its own vocabulary size; the demo tokenizer
+writes the prompts) and times `HFBackend.generate` as `infir-eval run` calls it (InfiR2 sampling:
+temperature 0.65, top-p 0.95), in modes:
+  baseline    dynamic KV cache, sequences generated in the prompts' order
+  sorted      dynamic KV cache, sequences batched by prompt length
+  static      batched by length, static KV cache, decode step compiled with CUDA graphs (the GPU default;
+              on a CPU not compiled)
+  continuous  transformers' continuous batching (`generate_batch`, its own scheduler and paged cache), called
+              directly on the same prompts: the scheduling nearest vLLM's that transformers has
+The prompts are random text of --prompt-tokens lengths (uniform) in the chat template. Every sequence
+generates exactly --new-tokens tokens (the end tokens are masked until then, as vLLM's ignore_eos), so every
+mode counts the same tokens. Each mode first runs one untimed call over the longest prompts (one batch):
+kernels, compilation, CUDA graphs; its time is the `warm-up s` column.
 
-    python bench/generate.py --device cpu --sizes tiny --batch 1 16 --new-tokens 128
-    python bench/generate.py --device cuda --sizes tiny qwen2.5-0.5b --batch 1 16 64 --new-tokens 256
+    python bench/generate.py --device cpu --sizes tiny --batch 8 --prompts 16 --new-tokens 32 --modes baseline sorted
+    python bench/generate.py --device cuda --sizes qwen2.5-0.5b --batch 64 --prompts 128 --new-tokens 1024
 """
 from __future__ import annotations
 
+import os
+import random
 import sys
 import tempfile
 import time
@@ -21,14 +32,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import base_parser, emit, markdown_table  # noqa: E402
 
+MODES = {"baseline": {"cache": "dynamic", "sort_by_length": False},
+         "sorted": {"cache": "dynamic", "sort_by_length": True},
+         "static": {"cache": "static", "sort_by_length": True},
+         "continuous": None}
+# Published vLLM figures, searched for a same-size model at a batch that compares; none was found.
+VLLM_NOTE = ("vLLM: no published throughput of a 0.5B model under batched decoding was found to set beside these "
+             "rows; Qwen's speed benchmark (https://qwen.readthedocs.io/en/v2.0/_sources/benchmark/speed_benchmark.rst.txt) "
+             "times Qwen2-0.5B-Instruct under vLLM 0.4.2 at batch size 1 on an A100, which does not compare.")
 
-def build_model(size_name: str, tokenizer, out_dir: Path) -> Path:
+
+def build_model(size_name: str, tokenizer, out_dir: Path, vocab: int | None) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from infir.model.qwen import get_size
 
     size = get_size(size_name)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=size.hidden, intermediate_size=size.ffn,
+    config = Qwen2Config(vocab_size=vocab or size.vocab, hidden_size=size.hidden, intermediate_size=size.ffn,
                          num_hidden_layers=size.layers, num_attention_heads=size.heads,
                          num_key_value_heads=size.kv_heads, max_position_embeddings=size.max_positions,
                          tie_word_embeddings=size.tied, eos_token_id=tokenizer.eos_token_id,
@@ -39,72 +59,133 @@ def build_model(size_name: str, tokenizer, out_dir: Path) -> Path:
     return out_dir
 
 
-def prompts(tokenizer, count: int) -> list[str]:
-    from infir.eval.benchmarks import get_benchmark, load_problems
-    from infir.eval.runner import render_prompt
+def prompts(tokenizer, count: int, lengths: tuple[int, int], seed: int = 0) -> list[str]:
+    """Chat-templated user turns of random words, their token counts drawn uniformly from `lengths`."""
+    rng = random.Random(seed)
+    words = [w for w in tokenizer.get_vocab() if w.isalpha()]
+    out = []
+    for _ in range(count):
+        target, text = rng.randint(*lengths), ""
+        while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < target:
+            text += " " + " ".join(rng.choices(words, k=16))
+        message = [{"role": "user", "content": text}]
+        out.append(tokenizer.apply_chat_template(message, tokenize=False, add_generation_prompt=True))
+    return out
 
-    problems = load_problems(get_benchmark("demo_arith"))
-    return [render_prompt(tokenizer, problems[i % len(problems)], None) for i in range(count)]
 
-
-def measure(backend, batch: int, new_tokens: int, tokenizer) -> dict:
-    from infir.eval.benchmarks import Sampling
-
-    sampling = Sampling(n=1, temperature=0.65, top_p=0.95, max_new_tokens=new_tokens)
-    backend.batch_size = batch
-    texts = prompts(tokenizer, batch)
-    backend.generate(texts, sampling, seed=0)  # warm-up: kernels, allocator, caches
-    if backend.device.startswith("cuda"):
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def timed(fn, device: str) -> tuple[float, object]:
+    sync(device)
     start = time.perf_counter()
-    out = backend.generate(texts, sampling, seed=1)
-    if backend.device.startswith("cuda"):
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    tokens = sum(c.num_tokens for completions in out for c in completions)
-    return {"batch": batch, "new tokens": tokens, "seconds": seconds, "tokens/s": tokens / seconds,
-            "ms/step": 1e3 * seconds / max(c.num_tokens for completions in out for c in completions)}
+    out = fn()
+    sync(device)
+    return time.perf_counter() - start, out
 
 
-def main() -> None:
+def measure_backend(backend, texts: list[str], sampling) -> tuple[float, float, int]:
+    """(warm-up s, timed s, new tokens) of HFBackend.generate over `texts`."""
+    ids = backend.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    longest = sorted(range(len(texts)), key=lambda i: -len(ids[i]))[:max(1, backend.batch_size // sampling.n)]
+    warm, _ = timed(lambda: backend.generate([texts[i] for i in longest], sampling, seed=0), backend.device)
+    seconds, out = timed(lambda: backend.generate(texts, sampling, seed=1), backend.device)
+    return warm, seconds, sum(c.num_tokens for completions in out for c in completions)
+
+
+def measure_continuous(model, tokenizer, texts: list[str], sampling, device: str, batch: int) -> tuple[float, float, int]:
+    """The same for transformers' continuous batching, called on the model directly."""
+    from transformers import ContinuousBatchingConfig, GenerationConfig
+
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    config = GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=None,
+                              max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.max_new_tokens,
+                              num_return_sequences=sampling.n, eos_token_id=model.generation_config.eos_token_id,
+                              pad_token_id=tokenizer.pad_token_id)
+    run = lambda inputs, seed: model.generate_batch(
+        inputs, generation_config=config, continuous_batching_config=ContinuousBatchingConfig(seed=seed))
+    warm, _ = timed(lambda: run(sorted(ids, key=len)[-max(1, batch // sampling.n):], 0), device)
+    seconds, out = timed(lambda: run(ids, 1), device)
+    return warm, seconds, sum(len(o.generated_tokens) for o in out.values())
+
+
+def measure(model_dir: Path, tokenizer, mode: str, texts: list[str], sampling, args) -> dict:
+    from infir.eval.backends import HFBackend
+
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    options = MODES[mode] or {"cache": "dynamic"}
+    backend = HFBackend(model_dir, tokenizer, device=args.device, dtype=args.dtype, batch_size=args.batch, **options)
+    # every sequence runs its full length: the stop tokens are masked until max_new_tokens
+    backend.model.generation_config.min_new_tokens = sampling.max_new_tokens
+    if MODES[mode] is None:
+        warm, seconds, tokens = measure_continuous(backend.model, tokenizer, texts, sampling, args.device, args.batch)
+    else:
+        warm, seconds, tokens = measure_backend(backend, texts, sampling)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    dtype = str(backend.model.dtype).replace("torch.", "")
+    del backend
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    steps = -(-len(texts) * sampling.n // args.batch) * sampling.max_new_tokens
+    row = {"mode": mode, "dtype": dtype, "batch": args.batch, "sequences": len(texts) * sampling.n,
+           "new tokens": tokens, "seconds": seconds, "tokens/s": tokens / seconds,
+           "ms/step": 1e3 * seconds / steps if MODES[mode] is not None else None, "warm-up s": warm, "peak GiB": peak}
+    return {k: v for k, v in row.items() if v is not None}  # a blank cell: not measured in this mode
+
+
+def parse_args():
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", nargs="+", default=["tiny"])
-    parser.add_argument("--batch", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--batch", type=int, default=16, help="sequences per generate call (backend.batch_size)")
+    parser.add_argument("--prompts", type=int, default=64, help="prompts timed (a multiple of --batch: full calls)")
+    parser.add_argument("--n", type=int, default=1, help="samples per prompt")
+    parser.add_argument("--prompt-tokens", nargs=2, type=int, default=[100, 600], metavar=("MIN", "MAX"))
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=None, help="vocabulary size (default: the model size's own)")
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on GPU, fp32 on CPU")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's); 1 on a shared, loaded CPU")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda asked for, but torch sees no GPU; use --device cpu")
+    return args
 
+
+def main() -> None:
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from transformers import AutoTokenizer
 
     from infir.data import DEMO_TOKENIZER
-    from infir.eval.backends import HFBackend
+    from infir.eval.benchmarks import Sampling
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO_TOKENIZER)
+    texts = prompts(tokenizer, args.prompts, tuple(args.prompt_tokens))
+    lengths = [len(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    sampling = Sampling(n=args.n, temperature=0.65, top_p=0.95, max_new_tokens=args.new_tokens)
     rows = []
     for size_name in args.sizes:
         with tempfile.TemporaryDirectory() as tmp:
-            model_dir = build_model(size_name, tokenizer, Path(tmp))
-            backend = HFBackend(model_dir, tokenizer, device=args.device, dtype=args.dtype)
-            params = sum(p.numel() for p in backend.model.parameters())
-            for batch in args.batch:
-                row = measure(backend, batch, args.new_tokens, tokenizer)
-                rows.append({"model": f"{size_name} ({params / 1e6:.1f}M)", "device": args.device,
-                             "dtype": str(backend.model.dtype).replace("torch.", ""), **row})
-            del backend
-            if args.device.startswith("cuda"):
-                torch.cuda.empty_cache()
-    load = ", ".join(f"{x:.1f}" for x in __import__("os").getloadavg())
-    notes = (f"HF transformers generate through infir.eval.backends.HFBackend, up to {args.new_tokens} new tokens "
-             "per sequence, temperature 0.65, top-p 0.95, random weights, vocabulary 8192 (demo tokenizer); "
+            model_dir = build_model(size_name, tokenizer, Path(tmp), args.vocab)
+            for mode in args.modes:
+                row = measure(model_dir, tokenizer, mode, texts, sampling, args)
+                rows.append({"model": size_name, **row})
+                print(rows[-1], flush=True)
+    import transformers
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    notes = (f"transformers {transformers.__version__}; infir.eval.backends.HFBackend (continuous: the model's "
+             f"generate_batch); {len(texts)} prompts x {args.n} samples, prompt tokens {min(lengths)}-{max(lengths)} "
+             f"(mean {sum(lengths) / len(lengths):.0f}), exactly {args.new_tokens} new tokens per sequence, "
+             "temperature 0.65, top-p 0.95, random weights; ms/step: seconds over generate calls x new tokens; "
              f"torch CPU threads {torch.get_num_threads()}, host load average {load} (1/5/15 min).")
-    emit("infir-eval generation throughput (HF backend)", [notes, markdown_table(rows)], args.out)
+    emit("infir-eval generation throughput (HF backend)", [notes, VLLM_NOTE, markdown_table(rows)], args.out)
 
 
 if __name__ == "__main__":

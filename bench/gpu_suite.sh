@@ -30,6 +30,10 @@
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
+#   bash bench/gpu_suite.sh gen-speed      bench/generate.py: infir-eval's HF backend generating with a random 0.5B, batch 64,
+#                                          128 prompts of 100-600 tokens x 1024 new tokens: dynamic cache in the given
+#                                          order, batched by length, static cache + compiled decode step, and
+#                                          transformers' continuous batching
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 do not fit its memory)
 #   bash bench/gpu_suite.sh scaling        bench/scaling.py: all-gather / reduce-scatter / all-reduce bus bandwidth under
 #                                          torchrun on every visible GPU (groups of 2, 4, ..), then the projection to 8-512
@@ -146,6 +150,9 @@ for stage in "$@"; do
                 "qwen2.5-7b:none:bf16+$NOSP" "qwen2.5-7b:none:fp8_blockwise_ue8m0+$NOSP" ;;
     phases)
       for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p" --out "$OUT/phases_$p.md"; done ;;
+    gen-speed)
+      run gen_speed python3 bench/generate.py --device cuda --sizes qwen2.5-0.5b --batch 64 --prompts 128 \
+        --new-tokens 1024 --out "$OUT/gen_speed.md" ;;
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root outputs/parity --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
@@ -156,7 +163,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases parity dp-scaling scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
   esac
 done
 exit $status

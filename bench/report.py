@@ -213,6 +213,7 @@ SECTIONS = [  # (heading, kinds shown: the newest run of each)
     ("Loss parity, FP8 recipes vs BF16 (bench/parity.py)", ["parity_seeds", "parity"]),
     ("Data-parallel scaling: sharded states (ZeRO-1, overlapped) vs replicated ones (bench/dp_scaling.py)",
      ["dp_scaling_a4", "dp_scaling_a1"]),
+    ("Generation without vLLM: infir-eval's HF backend by mode (bench/generate.py)", ["gen_speed"]),
 ]
 
 

@@ -3,7 +3,8 @@
 - `VLLMBackend`: vLLM's offline `LLM.generate` (GPU, tensor parallel, continuous batching). The
   engine and its SamplingParams class can be passed in, which is how tests run this path without
   vLLM (a fake engine with vLLM's `generate(prompts, params) -> [RequestOutput]` shape).
-- `HFBackend`: `transformers` `generate` with left padding, on CPU or GPU, for hosts without vLLM. Block-FP8
+- `HFBackend`: `transformers` `generate` with left padding, on CPU or GPU, for hosts without vLLM: sequences
+  batched by prompt length, and on a GPU a static KV cache with a compiled decode step. Block-FP8
   checkpoints (`infir-convert mcore-to-hf --fp8`, DeepSeek-V3's and Qwen3's FP8 releases) load through
   transformers' FineGrainedFP8 (`_fp8_load_kwargs`).
 `make_backend("auto", ...)` picks vLLM when it is importable and a GPU is present.
@@ -63,16 +64,30 @@ def _torch_dtype(name: str, device: str) -> torch.dtype:
 
 
 class HFBackend:
+    """`transformers` generate over (prompt, sample) sequences, `batch_size` a call. Sequences are batched
+    by prompt length (`sort_by_length`), so a call pads little, and come back in the prompts' order. On a
+    GPU the KV cache is static (`cache="static"`) and the decode step is compiled with CUDA graphs, which
+    removes the per-token launch overhead that bounds a small model's decoding.
+
+    Why not transformers' continuous batching (`generate_batch`), the scheduling nearest vLLM's: it has no
+    per-request seed, one generator serves whatever shares a decode step, so a sample depends on the
+    scheduling and a resumed chunk would not redraw its samples; and its paged cache is another attention
+    path than the padded one the CPU tests check against a plain argmax loop. bench/generate.py times it
+    beside this path (mode `continuous`)."""
+
     def __init__(self, model_dir: str | Path, tokenizer, device: str = "auto", dtype: str = "auto",
-                 batch_size: int = 8):
+                 batch_size: int = 8, cache: str = "auto", compile: bool | None = None,
+                 sort_by_length: bool = True):
         from transformers import AutoModelForCausalLM
 
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+        self.cache, self.compile = _cache_and_compile(cache, compile, self.device)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_torch_dtype(dtype, self.device),
                                                           **_fp8_load_kwargs(model_dir, self.device))
         self.model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size  # sequences per generate call (prompts x samples)
+        self.sort_by_length = sort_by_length
         # Chat models end a turn with <|im_end|> but some configs name only <|endoftext|>: stop at any.
         names = {tokenizer.eos_token, "<|im_end|>", "<|endoftext|>"}
         vocab = tokenizer.get_vocab()
@@ -84,23 +99,32 @@ class HFBackend:
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], sampling: Sampling, seed: int) -> list[list[Completion]]:
-        per_call = max(1, self.batch_size // sampling.n)
-        results: list[list[Completion]] = []
-        for start in range(0, len(prompts), per_call):
+        ids = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        order = sequence_order([len(x) for x in ids], sampling.n, self.sort_by_length)
+        cache_len = _round_up(max(map(len, ids)) + sampling.max_new_tokens, CACHE_LEN_MULTIPLE)
+        flat: list[Completion | None] = [None] * len(order)
+        for start in range(0, len(order), self.batch_size):
             torch.manual_seed(seed + start)  # each chunk its own stream: a resumed run redraws the same chunk
-            batch = prompts[start:start + per_call]
-            enc = self.tokenizer(batch, return_tensors="pt", padding=True, padding_side="left",
-                                 add_special_tokens=False).to(self.device)
-            greedy = sampling.temperature == 0
-            out = self.model.generate(
-                **enc, do_sample=not greedy, temperature=None if greedy else sampling.temperature,
-                top_p=None if greedy else sampling.top_p, top_k=None, max_new_tokens=sampling.max_new_tokens,
-                num_return_sequences=sampling.n, eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
-            )
-            new = out[:, enc["input_ids"].shape[1]:].cpu()
-            completions = [self._completion(row, sampling.max_new_tokens) for row in new]
-            results += [completions[i * sampling.n:(i + 1) * sampling.n] for i in range(len(batch))]
-        return results
+            chunk = order[start:start + self.batch_size]
+            rows = self._generate_rows([ids[i // sampling.n] for i in chunk], sampling, cache_len)
+            for i, row in zip(chunk, rows):
+                flat[i] = self._completion(row, sampling.max_new_tokens)
+        return [flat[p * sampling.n:(p + 1) * sampling.n] for p in range(len(prompts))]
+
+    def _generate_rows(self, rows: list[list[int]], sampling: Sampling, cache_len: int) -> torch.Tensor:
+        """The new tokens of one generate call over left-padded rows, [rows, new tokens] on the CPU."""
+        enc = self.tokenizer.pad({"input_ids": rows}, padding_side="left", return_tensors="pt").to(self.device)
+        greedy = sampling.temperature == 0
+        # The static cache is sized to the whole generate() call's longest sequence, rounded up: its calls,
+        # and later ones no longer, share one cache shape and so one compiled decode step.
+        static = {"cache_implementation": "static", "max_cache_len": cache_len,
+                  "disable_compile": not self.compile} if self.cache == "static" else {}
+        out = self.model.generate(
+            **enc, do_sample=not greedy, temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p, top_k=None, max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **static,
+        )
+        return out[:, enc["input_ids"].shape[1]:].cpu()
 
     def _completion(self, tokens: torch.Tensor, max_new_tokens: int) -> Completion:
         stops = torch.isin(tokens, torch.tensor(self.stop_ids))
@@ -109,6 +133,49 @@ class HFBackend:
             return Completion(self.tokenizer.decode(tokens[:end], skip_special_tokens=True), end + 1, "stop")
         text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         return Completion(text, len(tokens), "length" if len(tokens) >= max_new_tokens else "stop")
+
+
+CACHE_LEN_MULTIPLE = 256  # static cache lengths come in steps of this many tokens: few distinct compiled shapes
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def sequence_order(prompt_lengths: list[int], n: int, by_length: bool) -> list[int]:
+    """The order in which the (prompt, sample) sequences are generated, as flat indices prompt * n + sample:
+    by prompt length (stable, so samples of one prompt stay together) or as given."""
+    prompts = sorted(range(len(prompt_lengths)), key=prompt_lengths.__getitem__) if by_length \
+        else range(len(prompt_lengths))
+    return [p * n + s for p in prompts for s in range(n)]
+
+
+CACHES = ("auto", "dynamic", "static")
+BACKENDS = ("auto", "vllm", "hf")
+
+
+def check_cache_options(cache: str, compile: bool | None) -> None:
+    """backend.cache and backend.compile, as far as they can be judged before the device is known."""
+    if cache not in CACHES:
+        raise ValueError(f"backend.cache must be one of {', '.join(CACHES)}; got {cache!r}")
+    if compile and cache == "dynamic":
+        raise ValueError("backend.compile=true needs backend.cache=static (transformers compiles the decode step "
+                         "only over a static cache); set backend.cache=static, or backend.compile=false")
+
+
+def _cache_and_compile(cache: str, compile: bool | None, device: str) -> tuple[str, bool]:
+    """The KV cache ("dynamic" | "static") and whether the decode step is compiled. auto: static and
+    compiled on a GPU; dynamic on a CPU, where transformers does not compile generate and a static
+    cache only adds attention over its empty slots."""
+    check_cache_options(cache, compile)
+    gpu = device.startswith("cuda")
+    cache = ("static" if gpu else "dynamic") if cache == "auto" else cache
+    compile = cache == "static" and gpu if compile is None else compile
+    if compile and not gpu:
+        raise ValueError(f"backend.compile=true needs a GPU (device={device}); use backend.compile=false on a CPU")
+    if compile and cache != "static":  # cache=auto resolved to dynamic
+        raise ValueError(f"backend.compile=true needs backend.cache=static; cache=auto is dynamic on {device}")
+    return cache, compile
 
 
 def _fp8_load_kwargs(model_dir: str | Path, device: str) -> dict:
@@ -155,13 +222,14 @@ def vllm_available() -> bool:
 
 
 def make_backend(name: str, model_dir: Path, tokenizer, *, device: str = "auto", dtype: str = "auto",
-                 batch_size: int = 8, tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9,
-                 seed: int = 0) -> GenerationBackend:
+                 batch_size: int = 8, cache: str = "auto", compile: bool | None = None, sort_by_length: bool = True,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.9, seed: int = 0) -> GenerationBackend:
     if name == "auto":
         name = "vllm" if vllm_available() else "hf"
     if name == "vllm":
         return VLLMBackend(model_dir, tensor_parallel_size=tensor_parallel_size,
                            gpu_memory_utilization=gpu_memory_utilization, seed=seed)
     if name == "hf":
-        return HFBackend(model_dir, tokenizer, device=device, dtype=dtype, batch_size=batch_size)
-    raise ValueError(f"backend.name must be auto, vllm or hf; got {name!r}")
+        return HFBackend(model_dir, tokenizer, device=device, dtype=dtype, batch_size=batch_size, cache=cache,
+                         compile=compile, sort_by_length=sort_by_length)
+    raise ValueError(f"backend.name must be one of {', '.join(BACKENDS)}; got {name!r}")

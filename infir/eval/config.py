@@ -30,6 +30,9 @@ class BackendConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto = bf16 on GPU, fp32 on CPU
     batch_size: int = 8  # hf: sequences per generate call
+    cache: str = "auto"  # hf: auto (static on GPU, dynamic on CPU) | dynamic | static KV cache
+    compile: Optional[bool] = None  # hf: torch.compile the decode step; null: on with a static cache on a GPU
+    sort_by_length: bool = True  # hf: batch sequences by prompt length (results keep the prompts' order)
     tensor_parallel_size: int = 1  # vllm
     gpu_memory_utilization: float = 0.9  # vllm
     chunk_size: int = 64  # problems generated between two cache flushes
@@ -105,4 +108,17 @@ def load_config(overrides: list[str], root: Path | None = None) -> Any:
     _apply_overrides(cfg, overrides)
     if OmegaConf.is_missing(cfg, "model"):
         raise ValueError("infir-eval run needs model=<HF model directory or megatron checkpoint>")
+    check_backend(cfg.backend)
     return cfg
+
+
+def check_backend(backend) -> None:
+    """Values the types do not rule out, each refused in one line naming the key and what it takes."""
+    from infir.eval.backends import BACKENDS, check_cache_options
+
+    if backend.name not in BACKENDS:
+        raise ValueError(f"backend.name must be one of {', '.join(BACKENDS)}; got {backend.name!r}")
+    check_cache_options(backend.cache, backend.compile)
+    for key in ("batch_size", "chunk_size", "tensor_parallel_size"):
+        if getattr(backend, key) < 1:
+            raise ValueError(f"backend.{key} must be at least 1; got {getattr(backend, key)}")

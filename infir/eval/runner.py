@@ -97,6 +97,8 @@ def evaluate(cfg, backend: GenerationBackend | None = None) -> dict:
     if backend is None:
         backend = make_backend(cfg.backend.name, model_dir, tokenizer, device=cfg.backend.device,
                                dtype=cfg.backend.dtype, batch_size=cfg.backend.batch_size,
+                               cache=cfg.backend.cache, compile=cfg.backend.compile,
+                               sort_by_length=cfg.backend.sort_by_length,
                                tensor_parallel_size=cfg.backend.tensor_parallel_size,
                                gpu_memory_utilization=cfg.backend.gpu_memory_utilization, seed=cfg.seed)
 

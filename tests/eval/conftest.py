@@ -6,14 +6,14 @@ import pytest
 import torch
 
 
-def build_tiny_qwen2(out_dir, tokenizer_dir):
+def build_tiny_qwen2(out_dir, tokenizer_dir, **config):
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                          tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+                         pad_token_id=tokenizer.pad_token_id, **config)
     torch.manual_seed(0)
     Qwen2ForCausalLM(config).save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -30,6 +30,13 @@ def demo_tokenizer_dir():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, demo_tokenizer_dir):
     return build_tiny_qwen2(tmp_path_factory.mktemp("tiny_qwen2"), demo_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def lively_model_dir(tmp_path_factory, demo_tokenizer_dir):
+    """The tiny Qwen2 with larger random weights: its greedy answers differ from prompt to prompt (at the
+    default initializer range every prompt gets the same repeated token)."""
+    return build_tiny_qwen2(tmp_path_factory.mktemp("lively_qwen2"), demo_tokenizer_dir, initializer_range=0.2)
 
 
 class FakeHub:
