@@ -218,6 +218,7 @@ SECTIONS = [  # (heading, kinds shown: the newest run of each)
 
 
 LONG_TABLE = 8  # rows: after a run's first table, a longer one is named on the page, not shown (its result file has it)
+FIRST_TABLE = 12  # rows of a run's first table shown on the page; the rest are named (its result file has them)
 
 
 def run_block(run: Run, page_dir: Path) -> list[str]:
@@ -231,7 +232,10 @@ def run_block(run: Run, page_dir: Path) -> list[str]:
             continue
         if t["caption"]:
             out += [f"**{t['caption']}**", ""]
-        out += table(t["columns"], t["printed"]) + [""]
+        rows = t["printed"][:FIRST_TABLE]
+        out += table(t["columns"], rows) + [""]
+        if len(rows) < len(t["printed"]):
+            out += [f"({len(t['printed']) - len(rows)} more rows in the result file)", ""]
     png = run.folder / f"{run.kind}.png"
     if png.exists():
         out += [f"![{run.kind}]({os.path.relpath(png, page_dir)})", ""]
