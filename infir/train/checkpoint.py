@@ -102,26 +102,32 @@ class HostStaging:
 
     def __init__(self):
         self._buffers: list[torch.Tensor] = []
-        self._used = 0
+        self._used, self._memo = 0, {}
 
     def copy(self, tree):
         """`tree` (dicts, lists and tuples of tensors and plain values) with every tensor copied to host memory."""
-        self._used = 0
+        self._used, self._memo = 0, {}
         out = self._copy(tree)
+        self._memo = {}
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return out
 
     def _copy(self, tree):
+        if id(tree) in self._memo:  # what the tree shares stays shared, as it is pickled (copy.deepcopy's memo)
+            return self._memo[id(tree)]
         if torch.is_tensor(tree):
-            return self._buffer(tree).copy_(tree, non_blocking=True)
-        if isinstance(tree, dict):
-            return {k: self._copy(v) for k, v in tree.items()}
-        if isinstance(tree, list):
-            return [self._copy(v) for v in tree]
-        if type(tree) is tuple:
-            return tuple(self._copy(v) for v in tree)
-        return copy.deepcopy(tree)  # python and numpy RNG states, hyper-parameters: nothing the step mutates, but cheap
+            out = self._buffer(tree).copy_(tree, non_blocking=True)
+        elif isinstance(tree, dict):
+            out = {k: self._copy(v) for k, v in tree.items()}
+        elif isinstance(tree, list):
+            out = [self._copy(v) for v in tree]
+        elif type(tree) is tuple:
+            out = tuple(self._copy(v) for v in tree)
+        else:  # RNG states, hyper-parameters: cheap to copy
+            return copy.deepcopy(tree, self._memo)
+        self._memo[id(tree)] = out
+        return out
 
     def _buffer(self, t: torch.Tensor) -> torch.Tensor:
         i, self._used = self._used, self._used + 1
@@ -258,12 +264,13 @@ def _optimizer_shard_file(info, optimizer) -> str:
     return f"optim_tp{info.tp_rank}_dp{optimizer.shard_rank}.pt"
 
 
-def _load(path: Path):
-    """A file of the checkpoint written by torch.save; a truncated or corrupt one is a ValueError naming it."""
+def _load(path: Path, mmap: bool = False):
+    """A file of the checkpoint written by torch.save; a truncated or corrupt one is a ValueError naming it.
+    `mmap`: its tensors mapped, read from disk where they are used (a re-cut reads its own parameters' only)."""
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: the checkpoint is incomplete; copy the file back")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
     except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # torch's zip reader, the pickle in it
         raise ValueError(f"{path} is not readable ({str(e).splitlines()[0][:120]}): it is truncated or corrupt; "
                          "write or copy it again") from None
@@ -274,7 +281,7 @@ def _saved_optimizer(iter_dir: Path, tp_rank: int, replicated: dict | None) -> l
     (`replicated`: the one of its train file, when the states were not sharded)."""
     if replicated is not None:
         return [replicated]
-    saved = [_load(f) for f in sorted(iter_dir.glob(f"optim_tp{tp_rank}_dp*.pt"))]
+    saved = [_load(f, mmap=True) for f in sorted(iter_dir.glob(f"optim_tp{tp_rank}_dp*.pt"))]
     if not saved:
         raise ConfigError(f"{iter_dir} holds no optimizer states for tensor-parallel rank {tp_rank} "
                           f"(train_tp{tp_rank}.pt or optim_tp{tp_rank}_dp*.pt): it is incomplete; resume from an earlier one")
@@ -295,7 +302,7 @@ def load_trainer(iter_dir: Path, optimizer, info) -> dict:
     replicated = state.pop("optimizer", None)
     if tp_saved != info.tp:
         def read_all():
-            trains = [replicated] + [_load(iter_dir / f"train_tp{r}.pt").get("optimizer") for r in range(1, tp_saved)]
+            trains = [replicated] + [_load(iter_dir / f"train_tp{r}.pt", mmap=True).get("optimizer") for r in range(1, tp_saved)]
             return [_saved_optimizer(iter_dir, r, sd) for r, sd in enumerate(trains)]
 
         saved = _readable(read_all)
