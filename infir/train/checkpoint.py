@@ -53,15 +53,15 @@ def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: di
     tmp = ckpt_root / (final.name + ".tmp")
     if info.is_main:
         ckpt_root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a crash during an earlier save: never committed, safe to drop
-            shutil.rmtree(tmp)
+        for stale in ckpt_root.glob("iter_*.tmp"):  # left by a crash or an abandoned save: never committed
+            shutil.rmtree(stale)
         tmp.mkdir()
     dist.barrier()
     files = _rank_files(model, optimizer, trainer_state, info)
+    meta = {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size, "param_names": optimizer.param_names}
 
     def commit():  # rank 0; `latest` moves last, so a failure anywhere here leaves the previous checkpoint named
-        fmt.write_meta(tmp, {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size,
-                             "param_names": optimizer.param_names})
+        fmt.write_meta(tmp, meta)
         fmt.commit(tmp, final)
         _prune(ckpt_root, keep_last)
 

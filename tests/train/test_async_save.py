@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from infir.model import ckpt_format
 
@@ -19,10 +20,14 @@ FAST = ["logger=none", "precision=fp32", "train.log_interval=1", "train.eval_int
 WRITE_S = 1.0  # each file's write, slowed down
 
 
-def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(demo_root, tmp_path, monkeypatch):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(demo_root, tmp_path, monkeypatch, device):
     """With every file's write slowed to a second, an asynchronous save returns long before its files are
     written, and training steps on (changing the weights and states) while they are; the files it commits
-    hold the saved step's values, byte for byte those a synchronous save of the same step writes."""
+    hold the saved step's values, byte for byte those a synchronous save of the same step writes (on CUDA:
+    copied to pinned host buffers)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
     from infir.train import checkpoint
     from infir.train import dist as distributed
     from infir.train.cli import compose
@@ -40,7 +45,7 @@ def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(d
         for mode in ("true", "false"):
             run_dir = tmp_path / f"async_{mode}"
             trainer = Trainer(compose([*FAST, f"data.root={demo_root}", f"run_dir={run_dir}", "stage.iters=10",
-                                       f"train.async_save={mode}"]))
+                                       f"train.async_save={mode}", f"device={device}"]))
             for step in range(2):
                 trainer.train_step(step)
             trainer.step = 2
