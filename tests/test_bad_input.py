@@ -70,6 +70,16 @@ def _damaged(good: Path, tmp: Path, name: str, inner: str, damage) -> Path:
     return tmp / name
 
 
+def _init_from(tmp: Path, good: Path, inner: str, damage, names: str) -> tuple[list[str], str]:
+    """A training run started from a copy of the good checkpoint whose file `inner` went through `damage`."""
+    return _pretrain(good / "data" / "pretrain", f"init_from={_damaged(good, tmp, 'ckpt', inner, damage)}"), names
+
+
+def _meta_tp(tp: int):
+    """A meta.json that names `tp` model shards (the checkpoint holds one)."""
+    return lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "tp": tp}))
+
+
 def _garbage(data: bytes):
     return lambda path: path.write_bytes(data)
 
@@ -279,6 +289,10 @@ CASES = {
     "train: corrupt init_from": ("infir-train", lambda t, g: (
         _pretrain(g / "data" / "pretrain", f"init_from={_damaged(g, t, 'ckpt', META, _truncate)}"),
         f"{t / 'ckpt' / META} is not valid JSON")),
+    "train: init_from missing a tensor-parallel shard": ("infir-train", lambda t, g: _init_from(
+        t, g, META, _meta_tp(2), f"{t / 'ckpt' / 'iter_0000000' / 'model_tp1.safetensors'} is missing")),
+    "train: init_from with a corrupt tensor-parallel shard": ("infir-train", lambda t, g: _init_from(
+        t, g, SHARD, _truncate, f"{t / 'ckpt' / SHARD} is not a readable safetensors file")),
     "train: lr not a number": ("infir-train", lambda t, g: (
         _pretrain(g / "data" / "pretrain", "stage.lr=fast"), "stage.lr='fast' is not valid: expected a number")),
     "train: negative lr": ("infir-train", lambda t, g: (

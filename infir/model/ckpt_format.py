@@ -3,14 +3,19 @@
     RUN/checkpoints/
       latest                      text: the name of the newest *complete* iteration directory
       iter_0000100/
-        meta.json                 format, iteration, tp size, model size fields, tokenizer, config
+        meta.json                 format, iteration, tp size, model size fields, tokenizer, config, and
+                                  param_names (the optimizer's parameters, in the order its states index them)
         model_tp0.safetensors     tensor-parallel shard r of the megatron state dict (no _extra_state)
         model_tp1.safetensors
-        train_*.pt                trainer state (optimizer, scheduler, RNG, data position); absent in
-                                  converted checkpoints, which then start a fresh run from these weights
+        train_tp*.pt              trainer state (step, spike window; the optimizer's when replicated over DP)
+        optim_tp*_dp*.pt          each data-parallel rank's share of the optimizer states (ZeRO-1)
+        rng_rank*.pt              each rank's RNG states
+                                  (train, optim and rng files are absent in converted checkpoints, which
+                                  then start a fresh run from these weights)
 
 Why our own layout rather than megatron's dist_checkpointing: the files are plain safetensors that
-HF tooling reads, a TP shard is one file (split/merge is a tensor concat, see convert.py), and the
+HF tooling reads, a TP shard is one file (split/merge is a tensor concat, see convert.py; a run resumes
+at another TP size by re-cutting them, infir/train/reshard.py), and the
 atomic-commit protocol (write `iter_N.tmp/`, rename, then replace `latest`) is a few lines we can
 test by killing a run mid-save.
 """
@@ -32,8 +37,12 @@ def iter_dir_name(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
 
+def shard_name(tp_rank: int) -> str:
+    return f"model_tp{tp_rank}.safetensors"
+
+
 def shard_path(iter_dir: Path, tp_rank: int) -> Path:
-    return Path(iter_dir) / f"model_tp{tp_rank}.safetensors"
+    return Path(iter_dir) / shard_name(tp_rank)
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -42,15 +51,30 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def save_shard(iter_dir: Path, tp_rank: int, state: dict[str, torch.Tensor]) -> None:
+    save_tensors(shard_path(iter_dir, tp_rank), state)
+
+
+def save_tensors(path: Path, state: dict[str, torch.Tensor]) -> None:
     # safetensors refuses tensors that share storage (tied weights appear once in megatron anyway).
-    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(shard_path(iter_dir, tp_rank)))
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path))
 
 
 def load_shard(iter_dir: Path, tp_rank: int) -> dict[str, torch.Tensor]:
     path = shard_path(iter_dir, tp_rank)
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: the checkpoint {iter_dir} is incomplete or was written at another TP size")
+        raise FileNotFoundError(f"{path} is missing: the checkpoint {iter_dir} is incomplete; copy the file back")
     return load_safetensors(path)
+
+
+def check_shards(iter_dir: Path, tp: int) -> None:
+    """Every one of the `tp` model shards of `iter_dir` is there and readable (headers only): a
+    FileNotFoundError or ValueError naming the first that is not, and the fix."""
+    for rank in range(tp):
+        path = shard_path(iter_dir, rank)
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: the checkpoint {iter_dir}, written at tp={tp}, is "
+                                    "incomplete; copy the file back")
+        check_safetensors(path)
 
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:

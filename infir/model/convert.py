@@ -35,7 +35,8 @@ from infir.model.hf_config import hf_config, size_from_hf_config, size_name
 from infir.model.qwen import QwenSize, check_parallel
 
 __all__ = [
-    "hf_config", "size_from_hf_config", "hf_to_mcore_state", "mcore_to_hf_state", "split_tp", "merge_tp",
+    "hf_config", "size_from_hf_config", "hf_to_mcore_state", "mcore_to_hf_state", "split_tp", "merge_tp", "tp_layout",
+    "split_tensor", "merge_tensor",
     "hf_to_mcore", "mcore_to_hf", "load_hf_state", "load_into_model", "size_from_meta", "main",
 ]
 
@@ -138,7 +139,7 @@ def hf_shapes(size: QwenSize) -> dict[str, tuple[int, ...]]:
 
 
 # --------------------------------------------------------------------------- tensor parallelism
-def _tp_layout(key: str) -> str:
+def tp_layout(key: str) -> str:
     if key.endswith(("linear_qkv.weight", "linear_qkv.bias", "word_embeddings.weight", "output_layer.weight")):
         return "column"
     if key.endswith("linear_fc1.weight"):
@@ -150,8 +151,8 @@ def _tp_layout(key: str) -> str:
     raise KeyError(f"no tensor-parallel layout is known for megatron tensor {key!r}")
 
 
-def _split_tensor(key: str, t: torch.Tensor, tp: int) -> list[torch.Tensor]:
-    layout = _tp_layout(key)
+def split_tensor(key: str, t: torch.Tensor, tp: int) -> list[torch.Tensor]:
+    layout = tp_layout(key)
     if tp == 1 or layout == "replicated":
         return [t] * tp
     if layout == "column":
@@ -165,8 +166,8 @@ def _split_tensor(key: str, t: torch.Tensor, tp: int) -> list[torch.Tensor]:
     return [p.clone(memory_format=torch.contiguous_format) for p in pieces]
 
 
-def _merge_tensor(key: str, pieces: list[torch.Tensor]) -> torch.Tensor:
-    layout = _tp_layout(key)
+def merge_tensor(key: str, pieces: list[torch.Tensor]) -> torch.Tensor:
+    layout = tp_layout(key)
     if len(pieces) == 1:
         return pieces[0]
     if layout == "column":
@@ -189,7 +190,7 @@ def split_tp(state: dict[str, torch.Tensor], tp: int) -> list[dict[str, torch.Te
     """A full (TP=1) megatron state dict -> one state dict per tensor-parallel rank."""
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
     for key, t in state.items():
-        for shard, piece in zip(shards, _split_tensor(key, t, tp)):
+        for shard, piece in zip(shards, split_tensor(key, t, tp)):
             shard[key] = piece
     return shards
 
@@ -203,7 +204,7 @@ def merge_tp(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         if set(shard) != set(keys):
             diff = sorted(set(shard) ^ set(keys))[:5]
             raise ValueError(f"TP rank {rank} holds other tensors than rank 0 (e.g. {diff})")
-    return {key: _merge_tensor(key, [s[key] for s in shards]) for key in keys}
+    return {key: merge_tensor(key, [s[key] for s in shards]) for key in keys}
 
 
 # --------------------------------------------------------------------------- validation
@@ -241,7 +242,7 @@ def _check_hf_state(hf_state: dict[str, torch.Tensor], size: QwenSize) -> None:
 def _mcore_shapes(size: QwenSize, tp: int) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor of one TP rank, found by running the mapping on meta tensors."""
     hf = {k: torch.empty(s, device="meta") for k, s in hf_shapes(size).items()}
-    return {e.mcore: tuple(_split_tensor(e.mcore, e.join(*(hf[k] for k in e.hf)), tp)[0].shape) for e in _mapping(size)}
+    return {e.mcore: tuple(split_tensor(e.mcore, e.join(*(hf[k] for k in e.hf)), tp)[0].shape) for e in _mapping(size)}
 
 
 def _check_mcore_shards(shards: list[dict[str, torch.Tensor]], size: QwenSize) -> None:
@@ -276,7 +277,7 @@ def hf_to_mcore_state(hf_state: dict[str, torch.Tensor], size: QwenSize, tp: int
     # Tensor by tensor, so that a 7B conversion holds the HF state and the shards, not a third copy.
     for e in _mapping(size):
         full = e.join(*(hf_state[k] for k in e.hf))
-        for shard, piece in zip(shards, _split_tensor(e.mcore, full, tp)):
+        for shard, piece in zip(shards, split_tensor(e.mcore, full, tp)):
             shard[e.mcore] = piece
     return shards
 
@@ -310,7 +311,7 @@ def _report_requantized(blocks: dict[str, tuple[int, int]]) -> None:
 
 
 def _to_hf(e: _Entry, pieces: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-    parts = e.split(_merge_tensor(e.mcore, pieces))
+    parts = e.split(merge_tensor(e.mcore, pieces))
     # Parts of one fused tensor would share its storage, which safetensors refuses: own copies.
     return {k: t.clone(memory_format=torch.contiguous_format) if len(parts) > 1 else t for k, t in zip(e.hf, parts)}
 

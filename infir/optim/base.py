@@ -50,6 +50,13 @@ def shard_of(p: torch.Tensor) -> Shard:
 
 class PerParamOptimizer(torch.optim.Optimizer):
     GROUPED_STATES: dict[str, int] = {}  # state tensors kept per group of elements (ranges.py), and the group size
+
+    @staticmethod
+    def requantized(elements: dict[str, torch.Tensor], key: str) -> dict[str, torch.Tensor]:
+        """Group state ``key`` (of GROUPED_STATES) and the codes it scales, quantized afresh from a
+        parameter's flat state with ``key`` given per element (ranges.regrouped)."""
+        raise NotImplementedError(f"{key!r} is declared a group state but cannot be quantized afresh")
+
     def __init__(self, params, defaults: dict, *, offload: bool = False, seed: int = 0):
         lr, (beta1, beta2) = defaults["lr"], defaults["betas"]
         if lr < 0 or not 0.0 <= beta1 < 1.0 or not 0.0 <= beta2 < 1.0 or defaults["eps"] < 0:

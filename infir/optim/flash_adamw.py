@@ -111,6 +111,19 @@ class FlashAdamW(PerParamOptimizer):
             if value is not None:
                 state[key].copy_(value)
 
+    @staticmethod
+    def requantized(elements: dict[str, torch.Tensor], key: str) -> dict[str, torch.Tensor]:
+        """m or v quantized afresh in groups of 32 from its codes decoded with per-element scales: for a
+        parameter cut otherwise than when saved (another tensor-parallel size), where a group gathers
+        elements that were quantized with different scales; one more 8-bit rounding of those groups."""
+        if key == "m_scales":
+            m = companding.momentum_unit(elements["m_codes"]) * elements["m_scales"].float()
+            codes, scales = companding.quantize_momentum(m)
+            return {"m_codes": codes, "m_scales": scales}
+        root = companding.variance_unit(elements["v_codes"]) * elements["v_scales"].float()
+        codes, scales = companding.quantize_variance(root * root)
+        return {"v_codes": codes, "v_scales": scales}
+
     def master_weight(self, p: torch.Tensor) -> torch.Tensor:
         """The fp32 master weight of ``p`` (bf16 + correction), e.g. to export fp32 weights."""
         corr = self.state.get(p, {}).get("correction")

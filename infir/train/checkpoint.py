@@ -1,15 +1,19 @@
-"""Save and resume a training run: model shards + trainer state, committed atomically.
+"""Save and resume a training run: model shards + trainer state, committed atomically, written in the
+background; resumed at any tensor- and data-parallel layout.
 
 Layout and the atomic commit live in infir/model/ckpt_format.py (shared with infir-convert). Here:
-what each rank writes. TP rank r of data-parallel rank 0 writes model shard r and the optimizer state
-of its shard when it is replicated across DP; sharded (ZeRO-1), every data-parallel rank writes its
-share; every rank writes its RNG state. Rank 0 writes meta.json and
-commits once all ranks are done (two barriers), so `latest` only ever names a complete checkpoint.
+what each rank writes (`_rank_files`), how (`PendingSave`: host copies written by a thread while training
+goes on; rank 0 writes meta.json and commits once every rank's files are on disk, so `latest` only ever
+names a complete checkpoint), and how a resume reads them back: as written, re-cut to another
+data-parallel layout (DataParallelOptimizer.load_resharded), or to another tensor-parallel size (reshard.py).
 """
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -39,37 +43,146 @@ class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (full disk, quota, lost mount); the last committed one is intact."""
 
 
-def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: dict, meta: dict, info, keep_last: int) -> Path:
+def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: dict, meta: dict, info, keep_last: int,
+         staging: "HostStaging | None" = None) -> "PendingSave":
+    """Write checkpoint `iteration`: with `staging`, in a background thread from host copies of the files'
+    tensors taken now (the step stalls for the copy only); without, here. `wait()` on the returned save,
+    on every rank together, ends it: CheckpointWriteError if any rank's write failed."""
     ckpt_root = Path(ckpt_root)
     final = ckpt_root / fmt.iter_dir_name(iteration)
     tmp = ckpt_root / (final.name + ".tmp")
     if info.is_main:
         ckpt_root.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():  # left by a crash during an earlier save: never committed, safe to drop
-            shutil.rmtree(tmp)
+        for stale in ckpt_root.glob("iter_*.tmp"):  # left by a crash or an abandoned save: never committed
+            shutil.rmtree(stale)
         tmp.mkdir()
     dist.barrier()
-
-    def write_rank_files():
-        if info.dp_rank == 0 and info.cp_rank == 0:  # the other DP and CP ranks hold the same shard
-            fmt.save_shard(tmp, info.tp_rank, fmt.model_state(model))
-            replicated = {} if optimizer.sharded else {"optimizer": optimizer.state_dict()}
-            torch.save({**replicated, **trainer_state}, tmp / f"train_tp{info.tp_rank}.pt")
-        if optimizer.sharded:  # every data-parallel rank holds its own share of the states
-            torch.save(optimizer.state_dict(), tmp / _optimizer_shard_file(info, optimizer))
-        torch.save(_rng_state(), tmp / f"rng_rank{info.rank}.pt")
-
-    # In place of barriers: every rank learns whether any write failed, so none waits forever on one
-    # that raised, and the uncommitted directory is dropped before the error reaches the user.
-    _stop_if_any_failed(_attempt(write_rank_files), info, tmp, final)
+    files = _rank_files(model, optimizer, trainer_state, info)
+    meta = {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size, "param_names": optimizer.param_names}
 
     def commit():  # rank 0; `latest` moves last, so a failure anywhere here leaves the previous checkpoint named
-        fmt.write_meta(tmp, {**meta, "iteration": iteration, "tp": info.tp, "world_size": info.world_size})
+        fmt.write_meta(tmp, meta)
         fmt.commit(tmp, final)
         _prune(ckpt_root, keep_last)
 
-    _stop_if_any_failed(_attempt(commit) if info.is_main else None, info, tmp, final)
-    return final
+    pending = PendingSave(tmp, final, info, staging.copy(files) if staging is not None else files, commit)
+    if staging is None:
+        pending.run()
+    else:
+        pending.start()
+    return pending
+
+
+def _rank_files(model, optimizer, trainer_state: dict, info) -> dict[str, object]:
+    """What this rank writes, by file name. TP rank r of data-parallel rank 0 writes model shard r and, where
+    the states are replicated across DP, the optimizer's; sharded (ZeRO-1), every data-parallel rank
+    writes its share; every rank writes its RNG state."""
+    files = {}
+    if info.dp_rank == 0 and info.cp_rank == 0:  # the other DP and CP ranks hold the same shard
+        files[fmt.shard_name(info.tp_rank)] = fmt.model_state(model)
+        replicated = {} if optimizer.sharded else {"optimizer": optimizer.state_dict()}
+        files[f"train_tp{info.tp_rank}.pt"] = {**replicated, **trainer_state}
+    if optimizer.sharded:  # every data-parallel rank holds its own share of the states
+        files[_optimizer_shard_file(info, optimizer)] = optimizer.state_dict()
+    files[f"rng_rank{info.rank}.pt"] = _rng_state()
+    return files
+
+
+def write_file(path: Path, content) -> None:
+    if path.suffix == ".safetensors":
+        fmt.save_tensors(path, content)
+    else:
+        torch.save(content, path)
+
+
+class HostStaging:
+    """Host buffers a save's tensors are copied into, so that training goes on while a thread writes them.
+    Kept from save to save (a run saves the same tensors each time): pinned memory is slow to allocate,
+    and on CUDA the copies from it run at the link's full speed, queued at once and waited for once."""
+
+    def __init__(self):
+        self._buffers: list[torch.Tensor] = []
+        self._used, self._memo = 0, {}
+
+    def copy(self, tree):
+        """`tree` (dicts, lists and tuples of tensors and plain values) with every tensor copied to host memory."""
+        self._used, self._memo = 0, {}
+        out = self._copy(tree)
+        self._memo = {}
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return out
+
+    def _copy(self, tree):
+        if id(tree) in self._memo:  # what the tree shares stays shared, as it is pickled (copy.deepcopy's memo)
+            return self._memo[id(tree)]
+        if torch.is_tensor(tree):
+            out = self._buffer(tree).copy_(tree, non_blocking=True)
+        elif isinstance(tree, dict):
+            out = {k: self._copy(v) for k, v in tree.items()}
+        elif isinstance(tree, list):
+            out = [self._copy(v) for v in tree]
+        elif type(tree) is tuple:
+            out = tuple(self._copy(v) for v in tree)
+        else:  # RNG states, hyper-parameters: cheap to copy
+            return copy.deepcopy(tree, self._memo)
+        self._memo[id(tree)] = out
+        return out
+
+    def _buffer(self, t: torch.Tensor) -> torch.Tensor:
+        i, self._used = self._used, self._used + 1
+        if i < len(self._buffers) and self._buffers[i].shape == t.shape and self._buffers[i].dtype == t.dtype:
+            return self._buffers[i]
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        self._buffers[i:i + 1] = [buf]
+        return buf
+
+
+class PendingSave:
+    """One checkpoint's files, written by every rank (in a background thread, or at once), then committed.
+
+    The ranks' threads do not talk to each other (a collective from a thread would race the training
+    step's): each marks its files written (or failed) in the directory, and rank 0's commits once every
+    rank's mark is there. `wait()`, on the main thread of every rank together, joins the thread and
+    learns, with one collective, whether any rank failed."""
+
+    def __init__(self, tmp: Path, final: Path, info, files: dict, commit):
+        self.tmp, self.final, self.info, self.files, self._commit = tmp, final, info, files, commit
+        self.error: BaseException | None = None
+        self._abandoned = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        # daemon: a process that dies or is interrupted abandons the save (`latest` stays on the last complete one)
+        self._thread = threading.Thread(target=self.run, name=f"infir-save-{self.final.name}", daemon=True)
+        self._thread.start()
+
+    def run(self) -> None:
+        self.error = _attempt(lambda: [write_file(self.tmp / name, content) for name, content in self.files.items()])
+        self.files = None  # the host copies are the staging's; nothing else needs them
+        # An empty file needs no data block: a full disk still takes the mark, and rank 0 hears of the failure.
+        _attempt((self.tmp / f".{'failed' if self.error else 'written'}_rank{self.info.rank}").touch)
+        if self.info.is_main and self.error is None:
+            self.error = _attempt(self._commit_once_written)
+
+    def _commit_once_written(self) -> None:
+        marks = [self.tmp / f".written_rank{r}" for r in range(self.info.world_size)]
+        while not all(m.exists() for m in marks):
+            if any(self.tmp.glob(".failed_rank*")) or self._abandoned.wait(0.02):
+                return  # the failing rank reports it at wait(); an abandoned save is never committed
+        for m in marks:
+            m.unlink()
+        self._commit()
+
+    def abandon(self) -> None:
+        """Give the save up (the run stops on an error): rank 0 commits nothing more of it."""
+        self._abandoned.set()
+
+    def wait(self) -> Path:
+        if self._thread is not None:
+            self._thread.join()
+        _stop_if_any_failed(self.error, self.info, self.tmp, self.final)
+        return self.final
 
 
 def _attempt(write) -> BaseException | None:
@@ -123,14 +236,13 @@ def find_resume(ckpt_root: Path) -> Path | None:
 
 
 def load_weights(iter_dir: Path, model, info) -> dict:
-    """Load this TP rank's model shard; the checkpoint must have been written at the same TP size."""
+    """Load this TP rank's model weights: its shard, or, from a checkpoint written at another TP size,
+    its piece of every tensor merged from all the shards (reshard.py)."""
+    from infir.train import reshard
+
     meta = fmt.read_meta(iter_dir)
-    if meta["tp"] != info.tp:
-        raise ConfigError(
-            f"{iter_dir} was written with tp={meta['tp']} but this run has parallel.tp={info.tp}; "
-            f"reshard it with `infir-convert mcore-to-hf` then `infir-convert hf-to-mcore --tp {info.tp}`"
-        )
-    state = fmt.load_shard(iter_dir, info.tp_rank)
+    same = meta["tp"] == info.tp
+    state = _readable(lambda: fmt.load_shard(iter_dir, info.tp_rank) if same else reshard.weights(iter_dir, meta["tp"], info))
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state")]
     if missing or unexpected:
@@ -138,35 +250,85 @@ def load_weights(iter_dir: Path, model, info) -> dict:
     return meta
 
 
+def _readable(read):
+    """read(), with a missing or corrupt checkpoint file (whose error names it and the fix) as a ConfigError."""
+    try:
+        return read()
+    except ConfigError:
+        raise
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from e
+
+
 def _optimizer_shard_file(info, optimizer) -> str:
     return f"optim_tp{info.tp_rank}_dp{optimizer.shard_rank}.pt"
 
 
-def _load_if(path: Path):
-    return torch.load(path, map_location="cpu", weights_only=False) if path.exists() else None
+def _load(path: Path, mmap: bool = False):
+    """A file of the checkpoint written by torch.save; a truncated or corrupt one is a ValueError naming it.
+    `mmap`: its tensors mapped, read from disk where they are used (a re-cut reads its own parameters' only)."""
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the checkpoint is incomplete; copy the file back")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except (RuntimeError, EOFError, pickle.UnpicklingError) as e:  # torch's zip reader, the pickle in it
+        raise ValueError(f"{path} is not readable ({str(e).splitlines()[0][:120]}): it is truncated or corrupt; "
+                         "write or copy it again") from None
+
+
+def _saved_optimizer(iter_dir: Path, tp_rank: int, replicated: dict | None) -> list[dict]:
+    """The optimizer state_dict()s every data-parallel rank of saved tensor-parallel rank `tp_rank` wrote
+    (`replicated`: the one of its train file, when the states were not sharded)."""
+    if replicated is not None:
+        return [replicated]
+    saved = [_load(f, mmap=True) for f in sorted(iter_dir.glob(f"optim_tp{tp_rank}_dp*.pt"))]
+    if not saved:
+        raise ConfigError(f"{iter_dir} holds no optimizer states for tensor-parallel rank {tp_rank} "
+                          f"(train_tp{tp_rank}.pt or optim_tp{tp_rank}_dp*.pt): it is incomplete; resume from an earlier one")
+    return saved
 
 
 def load_trainer(iter_dir: Path, optimizer, info) -> dict:
     """The optimizer's states (replicated, or this rank's share) and the trainer state of `iter_dir`. States
-    written at another data-parallel size, bucket size or with(out) sharding are re-cut to this run's."""
+    written at another data-parallel size, bucket size, with(out) sharding or at another tensor-parallel
+    size are re-cut to this run's. Each rank takes its saved RNG state; a rank the saving run did not have
+    keeps the one the run's seed gave it (deterministic)."""
+    from infir.train import reshard
+
     iter_dir = Path(iter_dir)
-    state = torch.load(iter_dir / f"train_tp{info.tp_rank}.pt", map_location="cpu", weights_only=False)
+    meta = fmt.read_meta(iter_dir)
+    tp_saved = meta["tp"]
+    state = _readable(lambda: _load(iter_dir / f"train_tp{info.tp_rank if tp_saved == info.tp else 0}.pt"))
     replicated = state.pop("optimizer", None)
-    own = replicated if replicated is not None else _load_if(iter_dir / _optimizer_shard_file(info, optimizer))
-    if own is not None and optimizer.layout_matches(own):
-        optimizer.load_state_dict(own)
+    if tp_saved != info.tp:
+        def read_all():
+            trains = [replicated] + [_load(iter_dir / f"train_tp{r}.pt", mmap=True).get("optimizer") for r in range(1, tp_saved)]
+            return [_saved_optimizer(iter_dir, r, sd) for r, sd in enumerate(trains)]
+
+        saved = _readable(read_all)
+        _fitting(lambda: reshard.optimizer_states(optimizer, saved, meta.get("param_names"), info), iter_dir)
     else:
-        saved = [replicated] if replicated is not None else [
-            torch.load(f, map_location="cpu", weights_only=False) for f in sorted(iter_dir.glob(f"optim_tp{info.tp_rank}_dp*.pt"))]
-        if not saved:
-            raise ConfigError(f"{iter_dir} holds no optimizer states for tensor-parallel rank {info.tp_rank} "
-                              f"(train_tp{info.tp_rank}.pt or optim_tp{info.tp_rank}_dp*.pt): it is incomplete; resume from an earlier one")
-        try:
-            optimizer.load_resharded(saved)
-        except ValueError as e:  # saved ranges that do not join: files of two runs, or a truncated one
-            raise ConfigError(f"the optimizer states in {iter_dir} do not fit together ({e}); resume from an "
-                              f"earlier checkpoint") from e
-    rng = Path(iter_dir) / f"rng_rank{info.rank}.pt"
+        own = replicated if replicated is not None else _readable(lambda: _load_if(iter_dir / _optimizer_shard_file(info, optimizer)))
+        if own is not None and optimizer.layout_matches(own):
+            optimizer.load_state_dict(own)
+        else:
+            saved = _readable(lambda: _saved_optimizer(iter_dir, info.tp_rank, replicated))
+            _fitting(lambda: optimizer.load_resharded(saved), iter_dir)
+    rng = iter_dir / f"rng_rank{info.rank}.pt"
     if rng.exists():
         _set_rng_state(torch.load(rng, weights_only=False))
     return state
+
+
+def _load_if(path: Path):
+    return _load(path) if path.exists() else None
+
+
+def _fitting(load, iter_dir: Path) -> None:
+    try:
+        load()
+    except ConfigError:
+        raise
+    except ValueError as e:  # saved ranges that do not join: files of two runs, or a truncated one
+        raise ConfigError(f"the optimizer states in {iter_dir} do not fit together ({e}); resume from an "
+                          f"earlier checkpoint") from e

@@ -147,7 +147,8 @@ def _checkpoint_problem(path: str) -> str | None:
     from infir.model import ckpt_format
 
     try:
-        ckpt_format.read_meta(ckpt_format.resolve(path))
+        iter_dir = ckpt_format.resolve(path)
+        ckpt_format.check_shards(iter_dir, ckpt_format.read_meta(iter_dir)["tp"])
     except (FileNotFoundError, ValueError) as e:
         return str(e)
     return None

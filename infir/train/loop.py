@@ -214,6 +214,9 @@ class Trainer:
 
         sp = cfg.train.spike
         self.spike = SpikePolicy(sp.action, sp.factor, sp.window)
+        # train.async_save: checkpoints written by a thread from host copies while training goes on
+        self.staging = checkpoint.HostStaging() if cfg.train.async_save else None
+        self._pending = None  # the checkpoint being written
         self.step, self.skipped = self._start()
         self.skips_in_a_row = 0  # steps skipped since the last good one (train.max_skips); not carried across launches
         self._stop_signal = None
@@ -361,7 +364,10 @@ class Trainer:
         return (total[0] / total[1].clamp(min=1)).item()
 
     # ------------------------------------------------------------------ the loop
-    def save(self) -> Path:
+    def save(self) -> None:
+        """Checkpoint this step: with train.async_save, written in the background and committed by the next
+        `wait_save` (the next save, the run's end), else before this returns."""
+        self.wait_save()  # one at a time: the staging buffers hold the previous one until it is written
         self.optimizer.finish_gathers()  # the weights as the last step left them
         meta = {
             "model_name": self.cfg.model.name,
@@ -373,12 +379,22 @@ class Trainer:
             "run_name": self.cfg.run_name,
             "data_order": data.order_keys(self.cfg),
         }
+        self._pending = checkpoint.save(
+            self.ckpt_root, self.step, model=self.model.module, optimizer=self.optimizer,
+            trainer_state={"step": self.step, "skipped": self.skipped, "spike": self.spike.state_dict()}, meta=meta, info=self.info,
+            keep_last=self.cfg.train.keep_last, staging=self.staging,
+        )
+        if self.staging is None:
+            self.wait_save()
+
+    def wait_save(self) -> Path | None:
+        """Wait, on every rank together, for the checkpoint being written to be committed; its path (None:
+        none was being written). A failed write anywhere stops the run (CheckpointWriteError)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
         try:
-            path = checkpoint.save(
-                self.ckpt_root, self.step, model=self.model.module, optimizer=self.optimizer,
-                trainer_state={"step": self.step, "skipped": self.skipped, "spike": self.spike.state_dict()}, meta=meta, info=self.info,
-                keep_last=self.cfg.train.keep_last,
-            )
+            path = pending.wait()
         except checkpoint.CheckpointWriteError as e:
             try:  # a full disk may refuse this too; the error itself still reaches the user
                 self._summary("failed", error=str(e))
@@ -389,6 +405,7 @@ class Trainer:
         return path
 
     def _saved_at(self) -> int | None:
+        self.wait_save()
         resume = checkpoint.find_resume(self.ckpt_root)
         return None if resume is None else int(resume.name.split("_")[1])
 
@@ -415,6 +432,10 @@ class Trainer:
         try:
             with self.gc:
                 return self._train_loop()
+        except BaseException:
+            if self._pending is not None:  # the run stops on an error: its save is given up, `latest` stays
+                self._pending.abandon()
+            raise
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -454,6 +475,7 @@ class Trainer:
                 self.save()
                 self.log.plot()
             if stop:
+                self.wait_save()
                 self.log.console(f"stopping at step {self.step} ({self._stop_signal or 'train.exit_after'}); rerun the same command to resume")
                 self._summary("interrupted", **last)
                 return last
@@ -461,6 +483,7 @@ class Trainer:
                 window.restart()
         if self._saved_at() != self.step:  # the last steps were skipped, and no save follows a skipped step
             self.save()
+        self.wait_save()
         self._summary("finished", **last, **self._final_rates())
         self.log.plot()
         self.log.finish()
@@ -548,6 +571,7 @@ class Trainer:
         if self.skips_in_a_row >= max_skips:
             what += f", with train.max_skips={max_skips} steps skipped in a row already"
             self._stop(SpikeError, what, ["lower stage.lr", "check the data", "raise train.spike.factor or train.max_skips"])
+        self.wait_save()  # a rollback goes to the last checkpoint, the one being written included
         resume = checkpoint.find_resume(self.ckpt_root) if sp.action == "rollback" else None
         if resume is None:  # skip, or a rollback before the first checkpoint
             self.skipped += 1
@@ -571,6 +595,7 @@ class Trainer:
         """Keep the weights of the last good step, then raise `error`: what happened and what to try."""
         if self._saved_at() != self.step and self.step > 0:
             self.save()
+        self.wait_save()
         self._summary("failed", error=what)
         self.log.plot()
         advice = ", ".join(tries[:-1]) + f", or {tries[-1]}"

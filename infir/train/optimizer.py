@@ -10,7 +10,9 @@ every bucket, through views into the parameters (infir.optim.shard_view: the ran
 quantization groups of the unsharded step, so sharding changes no number), then starts the all-gather
 of the bucket's updated parameters; the next forward waits for each bucket only where a layer first
 reads it (`overlap_gathers_with_forward`). Checkpointed states carry their element ranges, so a run
-resumes at another data-parallel size or with(out) sharding (`load_resharded`).
+resumes at another data-parallel size or with(out) sharding (`load_resharded`); `whole_states` and
+`load_whole` are its two halves, between which a resume at another tensor-parallel size re-cuts each
+parameter's state as its weight (infir/train/reshard.py).
 """
 from __future__ import annotations
 
@@ -84,6 +86,10 @@ class DataParallelOptimizer:
         groups = weight_decay_groups(params, weight_decay)
         order = [p for g in groups for p in g["params"]]
         self._numel = [p.numel() for p in order]  # by index: the whole parameters' sizes
+        names = {p: name for name, p in ddp.module.named_parameters()}
+        # by index: each parameter's name in the model's state dict, which tells its tensor-parallel layout
+        self.param_names = [names[p] for p in order]
+        self.param_shapes = [tuple(p.shape) for p in order]
         if not self.sharded:
             self.parts = [_Part(build(groups), order, layout=tuple((i, 0, p.numel()) for i, p in enumerate(order)))]
         else:
@@ -276,15 +282,33 @@ class DataParallelOptimizer:
         """This rank's states from the state_dict()s of every rank of a run with another number of shards
         (replicated, or sharded over another data-parallel size or bucket size): each parameter's state is
         joined from the saved ranges and cut into this rank's."""
+        self.load_whole(self.whole_states(saved, self._numel))
+
+    @property
+    def state_kind(self) -> type | None:
+        """The class of the optimizers this rank steps (None: it steps none)."""
+        return type(self.optimizers[0]) if self.optimizers else None
+
+    def whole_states(self, saved: list[dict], numel: list[int]) -> dict[int, dict]:
+        """The whole state (ranges.merge_ranges) of each parameter this rank steps, by index, joined from
+        the state_dict()s of the data-parallel ranks of one run that held it, cut in any way; `numel`:
+        the parameters' sizes there (another tensor-parallel size has others)."""
         from infir.optim.base import unpacked_state
-        from infir.optim.ranges import merge_ranges, state_range
+        from infir.optim.ranges import merge_ranges
 
         wanted = {i for part in self.parts for i, _, _ in part.layout}
         pieces: dict[int, list] = {}
-        for layout, sd in _saved_parts(saved, self._numel):
-            for j, (index, offset, numel) in enumerate(layout):
+        for layout, sd in _saved_parts(saved, numel):
+            for j, (index, offset, n) in enumerate(layout):
                 if index in wanted and j in sd["state"]:
-                    pieces.setdefault(index, []).append((offset, numel, unpacked_state(sd["state"][j])))
+                    pieces.setdefault(index, []).append((offset, n, unpacked_state(sd["state"][j])))
+        grouped = getattr(self.state_kind, "GROUPED_STATES", {})
+        return {index: merge_ranges(p, numel[index], grouped) for index, p in pieces.items()}
+
+    def load_whole(self, whole: dict[int, dict]) -> None:
+        """This rank's states cut from each parameter's whole state (whole_states), by index."""
+        from infir.optim.ranges import state_range
+
         for part in self.parts:
             if part.optimizer is None:
                 continue
@@ -292,9 +316,8 @@ class DataParallelOptimizer:
             target = part.optimizer.state_dict()
             target["state"] = {}
             for j, ((index, offset, numel), view) in enumerate(zip(part.layout, part.views)):
-                if index in pieces:
-                    whole = merge_ranges(pieces[index], self._numel[index], grouped)
-                    target["state"][j] = state_range(whole, offset, offset + numel, view.shape, grouped)
+                if index in whole:
+                    target["state"][j] = state_range(whole[index], offset, offset + numel, view.shape, grouped)
             part.optimizer.load_state_dict(target)
 
 

@@ -208,6 +208,7 @@ class TrainConfig:
     gc_interval: Optional[int] = None  # null: Python's automatic garbage collector
     spike: SpikeConfig = field(default_factory=SpikeConfig)
     allow_data_order_change: bool = False  # resume even where the config reads the data in another order
+    async_save: bool = True          # checkpoints written by a background thread from host copies
 
     def __post_init__(self):
         _one_of("train.on_nan", self.on_nan, ("stop", "skip"))

@@ -145,7 +145,8 @@ def test_fp8_export_of_a_trained_checkpoint_holds_the_trainers_fp8_weights(demo_
     trainer = Trainer(cfg)
     for step in range(2):
         trainer.train_step(step)
-    ckpt = trainer.save()
+    trainer.save()
+    ckpt = trainer.wait_save()
     model = trainer.model.module
     names = {id(m): n for n, m in model.named_modules()}
     fp8 = {f"{names[id(m)]}.weight": dequantize(m.weight_cache.get(m.weight, m.recipe)) for m in fp8_linears_of(model)}

@@ -1,0 +1,112 @@
+"""Asynchronous checkpoints (train.async_save): the step waits only for the host copy, a thread writes the
+files, and the commit (`latest`) comes once they are all on disk."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from infir.model import ckpt_format
+
+from trainrun import REPO, losses, run_train
+
+FAST = ["logger=none", "precision=fp32", "train.log_interval=1", "train.eval_interval=0",
+        "stage.seq_length=64", "stage.global_batch=2", "stage.micro_batch=2"]
+WRITE_S = 1.0  # each file's write, slowed down
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(demo_root, tmp_path, monkeypatch, device):
+    """With every file's write slowed to a second, an asynchronous save returns long before its files are
+    written, and training steps on (changing the weights and states) while they are; the files it commits
+    hold the saved step's values, byte for byte those a synchronous save of the same step writes (on CUDA:
+    copied to pinned host buffers)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from infir.train import checkpoint
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    write = checkpoint.write_file
+
+    def slow(path, content):
+        time.sleep(WRITE_S)
+        write(path, content)
+
+    monkeypatch.setattr(checkpoint, "write_file", slow)
+    took, saved = {}, {}
+    try:
+        for mode in ("true", "false"):
+            run_dir = tmp_path / f"async_{mode}"
+            trainer = Trainer(compose([*FAST, f"data.root={demo_root}", f"run_dir={run_dir}", "stage.iters=10",
+                                       f"train.async_save={mode}", f"device={device}"]))
+            for step in range(2):
+                trainer.train_step(step)
+            trainer.step = 2
+            start = time.perf_counter()
+            trainer.save()
+            took[mode] = time.perf_counter() - start
+            committed_at_return = (run_dir / "checkpoints" / "latest").exists()
+            trainer.train_step(2)  # steps on while the thread writes
+            trainer.wait_save()
+            saved[mode] = ckpt_format.resolve(run_dir / "checkpoints")
+            trainer.log.finish()
+            assert committed_at_return == (mode == "false")
+    finally:
+        distributed.shutdown()
+    files = sorted(p.name for p in saved["false"].iterdir())
+    assert files == sorted(p.name for p in saved["true"].iterdir()) and len(files) == 4, files
+    assert took["false"] >= 3 * WRITE_S and took["true"] < WRITE_S, took
+    for name in files:
+        assert (saved["true"] / name).read_bytes() == (saved["false"] / name).read_bytes(), name
+
+
+# Runs infir-train with the writes of checkpoint iter_0000004 held up: it marks the file named first on the
+# command line when they begin, then waits to be killed.
+STALLED_WRITER = """
+import sys, time
+from pathlib import Path
+from infir.train import checkpoint
+write, mark = checkpoint.write_file, Path(sys.argv[1])
+def stalled(path, content):
+    if path.parent.name == "iter_0000004.tmp":
+        mark.touch()
+        time.sleep(600)
+    write(path, content)
+checkpoint.write_file = stalled
+sys.argv = ["infir-train", *sys.argv[2:]]
+from infir.train.cli import main
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_kill_during_an_async_save_leaves_latest_on_the_last_complete_checkpoint(demo_root, tmp_path):
+    args = [*FAST, f"data.root={demo_root}", "stage.iters=6", "train.save_interval=2"]
+    run_train([*args, f"run_dir={tmp_path / 'whole'}"])
+    run_dir, writing = tmp_path / "killed", tmp_path / "writing"
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-c", STALLED_WRITER, str(writing), *args, f"run_dir={run_dir}"], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and not writing.exists():
+        time.sleep(0.1)
+    assert proc.poll() is None, proc.stderr.read()[-3000:]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpts = run_dir / "checkpoints"
+    assert ckpt_format.resolve(ckpts).name == "iter_0000002" and not (ckpts / "iter_0000004").exists()
+    out = run_train([*args, f"run_dir={run_dir}"])
+    assert "resumed from" in out.stdout and "at step 2" in out.stdout
+    whole, resumed = losses(tmp_path / "whole"), losses(run_dir)
+    assert sorted(resumed) == list(range(1, 7))
+    for step in range(1, 7):
+        assert resumed[step] == pytest.approx(whole[step], rel=1e-6, abs=1e-6), step
+    assert ckpt_format.resolve(ckpts).name == "iter_0000006"
