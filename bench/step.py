@@ -134,7 +134,7 @@ def profile_step(trainer) -> dict[str, float]:
     kernels = []
     for evt in prof.key_averages():
         t = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
-        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA and not _annotation(evt.key):
+        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA and not _annotation(evt):
             share[classify(evt.key)] = share.get(classify(evt.key), 0.0) + t
             kernels.append((t, evt.count, evt.key))
     total = sum(share.values())
@@ -152,10 +152,10 @@ def profile_step(trainer) -> dict[str, float]:
     return out
 
 
-def _annotation(name: str) -> bool:
-    """The profiler's "nccl:<op>" rows: GPU annotations spanning a collective's kernel, which is
-    counted already."""
-    return name.startswith("nccl:")
+def _annotation(evt) -> bool:
+    """GPU-side annotations: spans over kernels that are counted already. record_function ranges (the
+    optimizers' `Optimizer.step#AdamW.step`) and the profiler's "nccl:<op>" rows over a collective's kernel."""
+    return bool(getattr(evt, "is_user_annotation", False)) or evt.key.startswith("nccl:")
 
 
 def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -175,7 +175,7 @@ def exposed_communication(prof) -> float:
     comm, compute = [], []
     for e in prof.events():
         if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start \
-                or _annotation(e.name):
+                or _annotation(e):
             continue
         (comm if classify(e.name) == "communication" else compute).append((e.time_range.start, e.time_range.end))
     if not comm:

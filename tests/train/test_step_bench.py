@@ -14,8 +14,9 @@ import step  # noqa: E402
 CUDA = torch.autograd.DeviceType.CUDA
 
 
-def _kernel(name, start, end, device=CUDA):
-    return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+def _kernel(name, start, end, device=CUDA, annotation=False):
+    return SimpleNamespace(name=name, key=name, device_type=device, is_user_annotation=annotation,
+                           time_range=SimpleNamespace(start=start, end=end))
 
 
 def test_kernel_classes_of_the_profile():
@@ -38,6 +39,7 @@ def test_exposed_communication_counts_only_time_without_compute(capsys):
         _kernel("gemm_b", 900, 2000),
         _kernel("ncclDevKernel_ReduceScatter", 1500, 1700),  # wholly beside gemm_b
         _kernel("ncclDevKernel_AllGather", 3000, 3400),      # alone
+        _kernel("Optimizer.step#AdamW.step", 2900, 3500, annotation=True),  # a record_function span: not a kernel
         _kernel("cpu_op", 0, 5000, device=torch.autograd.DeviceType.CPU),
     ])
     step.exposed_communication(prof)
