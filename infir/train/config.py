@@ -154,6 +154,25 @@ def _checkpoint_problem(path: str) -> str | None:
     return None
 
 
+def _check_grad_release(cfg: DictConfig) -> None:
+    """optimizer.grad_release steps each parameter inside backward: nothing may need every gradient first."""
+    from infir.optim import OPTIMIZERS, PerParamOptimizer
+
+    why = "with optimizer.grad_release=true"
+    per_param = [name for name, spec in OPTIMIZERS.items()
+                 if isinstance(spec.factory, type) and issubclass(spec.factory, PerParamOptimizer)]
+    check(cfg.optimizer.name in per_param, "optimizer", cfg.optimizer.name,
+          f"one of {', '.join(per_param)} {why} (they step one parameter at a time)")
+    check(not cfg.stage.grad_clip, "stage.grad_clip", cfg.stage.grad_clip,
+          f"0 {why}: clipping needs the norm of every gradient before the first update")
+    check(cfg.train.spike.action == "none", "train.spike.action", cfg.train.spike.action,
+          f"none {why}: a spike is only seen once every parameter has stepped")
+    check(cfg.parallel.tp == 1 and cfg.parallel.cp == 1, "parallel.tp x parallel.cp", cfg.parallel.tp * cfg.parallel.cp,
+          f"1 {why}: gradients reduced across ranks arrive after the parameters have stepped")
+    check(not cfg.optimizer.distributed, "optimizer.distributed", cfg.optimizer.distributed,
+          f"null or false {why} (one rank)")
+
+
 def validate(cfg: DictConfig) -> None:
     """The field rules (typed) plus those across groups and on the disk; ConfigError at the first broken one."""
     from infir.model.qwen import SIZES, check_parallel
@@ -170,6 +189,8 @@ def validate(cfg: DictConfig) -> None:
         check_parallel(SIZES[cfg.model.name], cfg.parallel.tp, st.seq_length, cfg.parallel.sequence_parallel, cfg.parallel.cp)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if cfg.optimizer.grad_release:
+        _check_grad_release(cfg)
     if cfg.optimizer.fp8_param_gather:
         from infir.train.fp8_param_gather import gathers_in_fp8
         from infir.train.precision import build_recipe

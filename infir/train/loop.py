@@ -94,9 +94,30 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
             layer.compile(mode=None if mode == "default" else mode)
         # whether torch.compile's mode replays CUDA graphs, as torch itself lists it (validate needs it)
         graphed = bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+    if cfg.optimizer.grad_release:
+        return NoDataParallel(model), graphed
     from megatron.core.distributed import DistributedDataParallel
 
     return DistributedDataParallel(tcfg, ddp_config(cfg.optimizer, info), model), graphed
+
+
+class NoDataParallel(torch.nn.Module):
+    """The model on one rank without megatron's DDP (optimizer.grad_release): DDP's calls the loop makes, with
+    nothing to reduce, and no gradient buffers. Gradients go to each parameter's .grad, which the optimizer's
+    backward hook steps on and frees."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def zero_grad_buffer(self) -> None:
+        """Nothing to zero: every gradient was freed once its parameter stepped."""
+
+    def no_sync(self):
+        return contextlib.nullcontext()
 
 
 def ddp_config(oc, info):
@@ -199,6 +220,12 @@ class Trainer:
         self.health.attach(self.model.module)
         self.gc = StepGC(cfg.train.gc_interval)
         self.optimizer = build_optimizer(cfg, self.model, self.params)
+        if cfg.optimizer.grad_release:
+            if info.world_size != 1 or self.accum != 1:
+                raise ConfigError(f"optimizer.grad_release=true steps each parameter inside one backward on one rank; this "
+                                  f"run has {info.world_size} rank(s) and {self.accum} micro-batch(es) a step: launch one "
+                                  f"process with stage.global_batch = stage.micro_batch, or set optimizer.grad_release=false")
+            self.optimizer.release_grads(self.model)
         if self.optimizer.sharded:
             overlap_gathers_with_forward(self.model.module, self.optimizer)
         if fp8_param_gather(cfg.optimizer, self.recipe, self.optimizer.sharded):
@@ -282,6 +309,8 @@ class Trainer:
         return out if self.model.module.chunked_loss else (out.float() * mb["loss_mask"]).sum()
 
     def train_step(self, step: int) -> dict:
+        if self.cfg.optimizer.grad_release:
+            return self._released_step(step)
         loss = self._forward_backward(self._micro_batches(step))
         grad_norm = self._grad_norm()
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
@@ -289,6 +318,21 @@ class Trainer:
         if finite and not spike:
             self._optimizer_step(step, grad_norm)
         return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "spike": spike, "lr": self.lr(step)}
+
+    def _released_step(self, step: int) -> dict:
+        """A step under gradient release: each parameter steps in its backward hook, so what the update needs is
+        settled before backward: the learning rate, and a finite loss (a non-finite one gets no backward, and
+        train.on_nan decides as for any step). No gradient exists whole, so there is no gradient norm."""
+        (mb,) = self._micro_batches(step)
+        self.optimizer.set_lr(self.lr(step))
+        n_tokens = mb["loss_mask"].sum().clamp(min=1)
+        loss = self._forward(mb) / n_tokens
+        value = loss.item()
+        finite = math.isfinite(value)
+        if finite:
+            loss.backward()
+            self._optimizer_step(step, None)  # parameters no hook stepped; the FP8 weight caches marked stale
+        return {"loss": value, "grad_norm": float("nan"), "finite": finite, "spike": False, "lr": self.lr(step)}
 
     def _forward_backward(self, micro_batches: list[dict]) -> float:
         """Gradients of the global batch's token-mean loss in DDP's `main_grad`, reduced over DP; the loss."""
@@ -312,16 +356,16 @@ class Trainer:
         dist.all_reduce(loss_sum, group=self._dp_group())
         return (loss_sum / n_tokens).item()
 
-    def _optimizer_step(self, step: int, grad_norm: float) -> None:
+    def _optimizer_step(self, step: int, grad_norm: float | None) -> None:
         lr = self.lr(step)
         self.optimizer.step(lr, grads_in_dot_grad=not self.optimizer_spec.reads_main_grad, grad_scale=self._clip(grad_norm))
         precision.after_optimizer_step(self.model.module, lr)
 
-    def _clip(self, grad_norm: float) -> torch.Tensor | None:
+    def _clip(self, grad_norm: float | None) -> torch.Tensor | None:
         """Scale the gradients to a norm of stage.grad_clip when they exceed it: in place, or by the
         divisor returned for optimizers that apply it inside their fused step."""
         clip = self.cfg.stage.grad_clip
-        if not clip or grad_norm <= clip:
+        if not clip or grad_norm is None or grad_norm <= clip:
             return None
         coef = clip / (grad_norm + 1e-6)
         if all(self.optimizer_spec.clips_in_step(o) for o in self.optimizer.optimizers):

@@ -81,7 +81,8 @@ class DataParallelOptimizer:
     def __init__(self, ddp, params: list, build: Callable[[list], torch.optim.Optimizer], weight_decay: float):
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        self.sharded = ddp.ddp_config.use_distributed_optimizer
+        # a model without megatron's DDP (gradient release, NoDataParallel) has no ddp_config: replicated
+        self.sharded = bool(getattr(getattr(ddp, "ddp_config", None), "use_distributed_optimizer", False))
         self.group = ddp.intra_dp_cp_group if self.sharded else None
         groups = weight_decay_groups(params, weight_decay)
         order = [p for g in groups for p in g["params"]]
@@ -145,6 +146,22 @@ class DataParallelOptimizer:
         if self.sharded:
             dist.all_reduce(sq, group=self.group)
         return sq
+
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next update, for steps taken inside backward (gradient release)."""
+        for optimizer in self.optimizers:
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+
+    def release_grads(self, model: torch.nn.Module):
+        """Gradient release (FlashOptim): each parameter steps in its post-accumulate-grad hook during backward
+        and its gradient is freed at once, so no gradient of the whole model is ever held (infir.optim
+        release.py). One rank, no DDP buffers: the loop makes sure of it (Trainer)."""
+        from infir.optim import enable_step_in_backward
+
+        if self.sharded or len(self.optimizers) != 1:
+            raise ValueError("gradient release steps one replicated optimizer on one rank")
+        return enable_step_in_backward(self.optimizers[0], model, release_grads=True)
 
     def scale_grads(self, coef: float) -> None:
         torch._foreach_mul_([v.main_grad for v in self.views], coef)

@@ -98,6 +98,9 @@ class OptimizerConfig:
     # (infir/train/fp8_param_gather.py): fewer bytes on the wire, more work and one more exchange in the step;
     # for links slower than the step's compute (across nodes). Off: BENCHMARKS.md measures it within a node
     fp8_param_gather: bool = False
+    # one rank: each parameter steps inside backward and its gradient is freed at once (FlashOptim's gradient
+    # release: 5 bytes a parameter with flash_adamw); no gradient-norm clipping, spike detection or accumulation
+    grad_release: bool = False
 
     def __post_init__(self):
         from infir.optim import OPTIMIZERS
