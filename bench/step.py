@@ -352,7 +352,8 @@ def memory_split(trainer) -> dict[str, float]:
     """Where peak memory goes: what stays allocated between steps (weights, main grads, optimizer
     states, FP8 weight caches), what one micro-batch's forward leaves for its backward (saved
     activations), and the peak of that micro-batch's forward + backward. The next step zeroes the
-    gradient buffers first, so this extra pass changes no result."""
+    gradient buffers first, so this extra pass changes no result; under optimizer.grad_release its backward
+    also steps the parameters, as a step's does (the peak is then the release's), and no timing follows."""
     mb = trainer._micro_batches(trainer.step)[0]
     torch.cuda.synchronize()
     static = torch.cuda.memory_allocated()
