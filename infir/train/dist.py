@@ -48,7 +48,11 @@ def init(tp: int, device_choice: str = "auto", timeout_s: int = 600, cp: int = 1
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = pick_device(device_choice, local_rank)
     if world % (tp * cp):
-        raise ValueError(f"parallel.tp x parallel.cp = {tp} x {cp} does not divide the number of processes ({world}); launch tp x cp x dp processes")
+        from infir.train.config import ConfigError
+
+        fits = [n for n in range(1, world + 1) if world % n == 0]
+        raise ConfigError(f"parallel.tp x parallel.cp = {tp} x {cp} = {tp * cp} does not divide the {world} processes: "
+                          f"launch a multiple of {tp * cp} processes (tp x cp x dp), or make tp x cp one of {fits}")
     if not dist.is_initialized():
         # A single process without torchrun rendezvous in memory: no port, and nothing written to
         # os.environ that a later child process would inherit.

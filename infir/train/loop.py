@@ -152,10 +152,13 @@ def build_optimizer(cfg, ddp, params: list[torch.nn.Parameter]) -> DataParallelO
 
 def grad_accumulation(stage, info) -> int:
     """Micro-batches per step and rank: the global batch over micro-batch x data-parallel size."""
-    if stage.global_batch % (stage.micro_batch * info.dp):
-        raise ValueError(
-            f"stage.global_batch={stage.global_batch} must be a multiple of stage.micro_batch x data-parallel size "
-            f"({stage.micro_batch} x {info.dp})"
+    unit = stage.micro_batch * info.dp
+    if stage.global_batch % unit:
+        below, above = stage.global_batch // unit * unit, (stage.global_batch // unit + 1) * unit
+        raise ConfigError(
+            f"stage.global_batch={stage.global_batch} is not a multiple of stage.micro_batch x data-parallel ranks "
+            f"({stage.micro_batch} x {info.dp} = {unit}): use {' or '.join(str(v) for v in (below, above) if v)}, "
+            f"or change stage.micro_batch or the number of processes"
         )
     return stage.global_batch // (stage.micro_batch * info.dp)
 

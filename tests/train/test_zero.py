@@ -87,3 +87,23 @@ def test_sharded_states_on_two_gpus(demo_root, tmp_path, precision):
     spread = max(abs(replicated[s] - again[s]) / replicated[s] for s in replicated)
     worst = max(abs(replicated[s] - sharded[s]) / replicated[s] for s in replicated)
     assert worst <= max(2 * spread, 1e-2), (worst, spread)
+
+
+def test_a_layout_that_does_not_divide_the_processes_names_the_valid_ones(monkeypatch):
+    from infir.train import dist as distributed
+    from infir.train.config import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    with pytest.raises(ConfigError, match=r"parallel.tp x parallel.cp = 4 x 1 = 4 does not divide the 6 processes: "
+                                          r"launch a multiple of 4 processes \(tp x cp x dp\), or make tp x cp one of "
+                                          r"\[1, 2, 3, 6\]"):
+        distributed.init(tp=4, device_choice="cpu")
+
+
+def test_a_global_batch_that_does_not_split_over_the_ranks_is_refused_in_one_line(demo_root, tmp_path):
+    proc = run_train([*FAST, "stage.global_batch=3", f"data.root={demo_root}", f"run_dir={tmp_path / 'run'}"], nproc=2,
+                     check=False)
+    assert proc.returncode != 0
+    assert ("infir-train: stage.global_batch=3 is not a multiple of stage.micro_batch x data-parallel ranks (1 x 2 = 2): "
+            "use 2 or 4, or change stage.micro_batch or the number of processes") in proc.stderr, proc.stderr
+    assert "infir/train/loop.py" not in proc.stderr  # the ranks' one line, no traceback of theirs (torchrun adds its own)
