@@ -25,6 +25,10 @@
 #   bash bench/gpu_suite.sh step-0.5b-graphs  bench/step.py: 0.5B, seq 4096, BF16 vs FP8, both with and without
 #                                          CUDA graphs (FP8's default, model.compile_mode=auto, takes them) (+ profile)
 #   bash bench/gpu_suite.sh step-1.5b-graphs  the same at 1.5B
+#   bash bench/gpu_suite.sh step-7b-tp2dp2 bench/step.py under torchrun, four GPUs: 7B at TP=2 x DP=2 with adamw (ZeRO-1),
+#                                          seq 4096, BF16 vs FP8: does it fit 80 GB, and the memory split
+#   bash bench/gpu_suite.sh parallel-check launch/parallel_check.py through launch/torchrun.sh: a small model's loss
+#                                          at TP=2, DP=2 (and TP=2 x DP=2 on four GPUs) against one rank
 #   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8 (with and
 #                                          without CUDA graphs), with and without sequence parallelism (+ profile;
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
@@ -148,6 +152,16 @@ for stage in "$@"; do
         --seq 4096 --mbs 1 --steps 7 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2.md" \
         --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 qwen2.5-7b:none:fp8_blockwise_ue8m0+model.compile_mode=default \
                 "qwen2.5-7b:none:bf16+$NOSP" "qwen2.5-7b:none:fp8_blockwise_ue8m0+$NOSP" ;;
+    step-7b-tp2dp2)
+      run step_7b_tp2dp2 python3 -m torch.distributed.run --standalone --nproc_per_node 4 bench/step.py --parallel tp2 \
+        --seq 4096 --mbs 1 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2dp2.md" \
+        --cases qwen2.5-7b:none:bf16+optimizer=adamw qwen2.5-7b:none:fp8_blockwise_ue8m0+optimizer=adamw ;;
+    parallel-check)
+      N=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      LAYOUTS=single,tp2,dp2; [ "$N" -ge 4 ] && LAYOUTS=$LAYOUTS,tp2dp2
+      run "parallel_check_${N}gpu" python3 launch/parallel_check.py --out /tmp/parallel_check --layouts "$LAYOUTS" \
+        --md "$OUT/parallel_check_${N}gpu.md" -- model=small-180m data=synthetic precision=bf16 logger=none \
+        stage.iters=40 stage.seq_length=2048 stage.global_batch=8 stage.micro_batch=2 train.eval_interval=0 train.log_interval=1 ;;
     phases)
       for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p" --out "$OUT/phases_$p.md"; done ;;
     gen-speed)
@@ -163,7 +177,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
   esac
 done
 exit $status
