@@ -1,7 +1,8 @@
 # Shared by launch/torchrun.sh and launch/torchrun_multinode.sh (sourced, not run).
 #
 # Environment they read (all optional):
-#   INFIR_CMD        program each rank runs (default: infir-train); word-split, e.g. "python my_script.py"
+#   INFIR_CMD        program each rank runs (default: infir-train, or `$PYTHON -m infir.train.cli` from a checkout
+#                    where the package is only on PYTHONPATH); word-split, e.g. "python my_script.py"
 #   NPROC_PER_NODE   ranks on this node (default: number of GPUs, or 1 without GPUs)
 #   INFIR_LOG_DIR    root of the per-rank logs (default: outputs/logs)
 #   PYTHON           interpreter for the launcher (default: python)
@@ -41,8 +42,9 @@ infir_launch() {
   local torchrun_opts=()
   while [[ $# -gt 0 && "$1" != "--" ]]; do torchrun_opts+=("$1"); shift; done
   [[ "${1:-}" == "--" ]] && shift
-  local cmd
-  read -r -a cmd <<< "${INFIR_CMD:-infir-train}"
+  local cmd default=infir-train
+  command -v infir-train >/dev/null 2>&1 || default="${PYTHON:-python} -m infir.train.cli"
+  read -r -a cmd <<< "${INFIR_CMD:-$default}"
   mkdir -p "$log_dir"
   export TORCH_FR_DUMP_TEMP_FILE="${TORCH_FR_DUMP_TEMP_FILE:-$log_dir/nccl_trace_rank_}"
   echo "infir-launch: ${cmd[*]} on $(hostname), per-rank logs in $log_dir" >&2

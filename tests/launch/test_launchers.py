@@ -133,3 +133,16 @@ def test_slurm_template_runs_two_nodes_through_the_c10d_rendezvous(tmp_path, fak
     stdouts = [next(d.glob("*/attempt_0/0/stdout.log")).read_text() for d in node_logs]
     ranks = sorted(line.split()[1] for text in stdouts for line in text.splitlines() if " on " in line)
     assert ranks == ["0/2", "1/2"]
+
+
+def test_a_checkout_without_the_console_script_runs_the_module(tmp_path):
+    """On a host where infir is only on PYTHONPATH (no `infir-train` on PATH), the launcher runs
+    `$PYTHON -m infir.train.cli`: here its --help, on one rank."""
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not (Path(d) / "infir-train").exists())
+    env = {k: v for k, v in os.environ.items() if k != "INFIR_CMD"}
+    done = subprocess.run(["bash", str(REPO / "launch" / "torchrun.sh"), "--help"], cwd=REPO, timeout=120,
+                          capture_output=True, text=True,
+                          env={**env, "PATH": path, "PYTHON": sys.executable, "PYTHONPATH": str(REPO),
+                               "INFIR_LOG_DIR": str(tmp_path / "logs"), "NPROC_PER_NODE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"{sys.executable} -m infir.train.cli on" in done.stderr
