@@ -4,12 +4,12 @@ quantize), as megatron does; eager and compiled as one graph, bit for bit.
 
 Run by test_fp8_training.py; prints one JSON line per rank.
 """
-import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+from trainrun import print_rows
 
 from infir.fp8 import LinearSpec, SequenceParallel, WeightCache, fp8_linear, get_recipe
 from infir.fp8 import linear as gathered_linear
@@ -70,9 +70,5 @@ result.update(
     compiled_equal=[torch.equal(a, b) for a, b in zip(runs["compiled"], runs["eager"])],
     gathered=sorted(gathered_dtypes),
 )
-report = json.dumps(result)
-for r in range(world):  # one whole line per rank, in turn (the ranks share one stdout pipe)
-    if r == rank:
-        print(report, flush=True)
-    dist.barrier()
+print_rows(result)
 dist.destroy_process_group()

@@ -2,28 +2,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from infir.train.metrics import read_metrics
-from trainrun import REPO, free_port, in_process_losses, losses, run_train
+from trainrun import in_process_losses, losses, run_train, worker_rows
 
 FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0"]
 
 
 def _gather_worker(recipe: str, *device: str):
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-         str(REPO / "tests/train/fp8_gather_worker.py"), recipe, *device],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 2
-    for r in rows:
+    for r in worker_rows("fp8_gather_worker.py", recipe, *device, timeout=300):
         # Quantize-then-gather equals gather-then-quantize: the same FP8 operands, so results agree up to
         # float summation order; compiled (functional collectives inside the graph), bit for bit.
         assert r["takes"] and r["y"] < 1e-6 and r["dw"] < 1e-6 and r["dx"] < 1e-6, r

@@ -33,6 +33,30 @@ def run_train(overrides: list[str], nproc: int = 1, timeout: int = 600, check: b
     return proc
 
 
+def worker_rows(script: str, *args: str, nproc: int = 2, timeout: int = 600) -> list[dict]:
+    """Run tests/train/`script` under torchrun and return the JSON line each rank printed (print_rows)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+         str(REPO / "tests/train" / script), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == nproc, proc.stdout[-3000:]
+    return rows
+
+
+def print_rows(result: dict) -> None:
+    """A torchrun worker's report: one whole JSON line per rank, in turn (the ranks share one stdout pipe)."""
+    import torch.distributed as dist
+
+    line = json.dumps(result)
+    for r in range(dist.get_world_size()):
+        if r == dist.get_rank():
+            print(line, flush=True)
+        dist.barrier()
+
+
 def losses(run_dir: Path) -> dict[int, float]:
     from infir.train.metrics import read_metrics
 
