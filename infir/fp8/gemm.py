@@ -96,10 +96,11 @@ if hasattr(F, "scaled_mm"):
     # torch._scaled_mm_v2. The compiled FP8 layer makes ~12 such calls per layer and micro-batch, and
     # its step is partly host-bound, so the blockwise path builds those lists once and calls the op itself.
     _MM_V2 = getattr(torch, "_scaled_mm_v2", None)
+    _MM_V2_OUT = getattr(getattr(torch.ops.aten, "_scaled_mm_v2", None), "out", None) if _MM_V2 is not None else None
     _RECIPE_INTS = {g: [e.value] for g, e in _BLOCKWISE.items()}
     _SWIZZLE_INTS = [_NO_SWIZZLE.value]
 else:
-    _MM_V2 = None
+    _MM_V2 = _MM_V2_OUT = None
 
 
 _LT_WGRAD = None  # kernels.lt_wgrad.lt_wgrad, imported on first use (it builds CUDA code)
@@ -127,7 +128,9 @@ def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
     if _MM_V2 is not None:  # F.scaled_mm's own call, without its per-call argument building
         args = (a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
                 _SWIZZLE_INTS, None, out_dtype, (), False)
-        return _MM_V2(*args) if out is None else torch.ops.aten._scaled_mm_v2.out(*args, out=out)
+        if out is None:
+            return _MM_V2(*args)
+        return _MM_V2_OUT(*args, out=out) if _MM_V2_OUT is not None else out.copy_(_MM_V2(*args))
     if hasattr(F, "scaled_mm"):
         c = F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
                         swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
