@@ -32,8 +32,6 @@
 #   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8 (with and
 #                                          without CUDA graphs), with and without sequence parallelism (+ profile;
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
-#   bash bench/gpu_suite.sh tp-overlap     bench/step.py under torchrun, two GPUs: 7B at TP=2 + SP, BF16 and FP8, each
-#                                          with and without parallel.tp_comm_overlap (+ profile: exposed communication)
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh gen-speed      bench/generate.py: infir-eval's HF backend generating with a random 0.5B, batch 64,
@@ -164,12 +162,6 @@ for stage in "$@"; do
       run "parallel_check_${N}gpu" python3 launch/parallel_check.py --out /tmp/parallel_check --layouts "$LAYOUTS" \
         --md "$OUT/parallel_check_${N}gpu.md" -- model=small-180m data=synthetic precision=bf16 logger=none \
         stage.iters=40 stage.seq_length=2048 stage.global_batch=8 stage.micro_batch=2 train.eval_interval=0 train.log_interval=1 ;;
-    tp-overlap)
-      O=parallel.tp_comm_overlap=true
-      run step_7b_tp2_overlap python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
-        --seq 4096 --mbs 1 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2_overlap.md" \
-        --cases qwen2.5-7b:none:bf16 "qwen2.5-7b:none:bf16+$O" qwen2.5-7b:none:fp8_blockwise_ue8m0 \
-                "qwen2.5-7b:none:fp8_blockwise_ue8m0+$O" ;;
     phases)
       for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p" --out "$OUT/phases_$p.md"; done ;;
     gen-speed)
@@ -185,7 +177,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check tp-overlap phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
   esac
 done
 exit $status

@@ -11,7 +11,7 @@ nvcc exists; no megatron import). In layers, each importing only from the layers
               its graph ops, its communication strategies, the weight's FP8 copy, the autograd Function
 """
 from .autoscale import AutoScaler
-from .comm import LOCAL, Local, ScatterOutput, SequenceParallel
+from .comm import LOCAL, Local, SequenceParallel
 from .gemm import fp8_gemm
 from .linear import Fp8Linear, Fp8LinearFunction, Fp8SwiGLUOutput, LinearSpec, fp8_linear, linear
 from .quantize import QTensor, dequantize, quant_stats, quantization_snr_db
@@ -22,6 +22,6 @@ from .dispatch import quantize, quantize_pair  # noqa: E402
 
 __all__ = [
     "LOCAL", "AutoScaler", "Fp8Linear", "Fp8LinearFunction", "Fp8SwiGLUOutput", "LinearSpec", "Local", "OperandFormat",
-    "QTensor", "RECIPES", "Recipe", "ScatterOutput", "SequenceParallel", "WeightCache", "dequantize", "fp8_gemm", "fp8_linear",
+    "QTensor", "RECIPES", "Recipe", "SequenceParallel", "WeightCache", "dequantize", "fp8_gemm", "fp8_linear",
     "get_recipe", "linear", "quant_stats", "quantization_snr_db", "quantize", "quantize_pair", "tensors_of",
 ]

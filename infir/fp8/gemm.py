@@ -96,11 +96,10 @@ if hasattr(F, "scaled_mm"):
     # torch._scaled_mm_v2. The compiled FP8 layer makes ~12 such calls per layer and micro-batch, and
     # its step is partly host-bound, so the blockwise path builds those lists once and calls the op itself.
     _MM_V2 = getattr(torch, "_scaled_mm_v2", None)
-    _MM_V2_OUT = getattr(getattr(torch.ops.aten, "_scaled_mm_v2", None), "out", None) if _MM_V2 is not None else None
     _RECIPE_INTS = {g: [e.value] for g, e in _BLOCKWISE.items()}
     _SWIZZLE_INTS = [_NO_SWIZZLE.value]
 else:
-    _MM_V2 = _MM_V2_OUT = None
+    _MM_V2 = None
 
 
 _LT_WGRAD = None  # kernels.lt_wgrad.lt_wgrad, imported on first use (it builds CUDA code)
@@ -116,28 +115,21 @@ def _lt_wgrad():
 
 
 def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
-                        out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+                        out_dtype: torch.dtype) -> torch.Tensor:
     """C = A @ B^T for 1x128-scaled A [M, K] (scales outer-dim-major) and B [N, K] with 'token' or
     'block' scales already in scaled_mm's layout (scaled_mm_scale): the per-call fast path of the
-    compiled FP8 linear, with no checks or layout work left to do. (token, token) tries cuBLASLt first.
-    `out`: C is written there (a contiguous block of rows of a larger output)."""
+    compiled FP8 linear, with no checks or layout work left to do. (token, token) tries cuBLASLt first."""
     if b_gran == "token":
-        c = _lt_wgrad()(a, a_scale, b, b_scale, out_dtype)
-        if c is not None:
-            return c if out is None else out.copy_(c)
+        out = _lt_wgrad()(a, a_scale, b, b_scale, out_dtype)
+        if out is not None:
+            return out
     if _MM_V2 is not None:  # F.scaled_mm's own call, without its per-call argument building
-        args = (a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
-                _SWIZZLE_INTS, None, out_dtype, (), False)
-        if out is None:
-            return _MM_V2(*args)
-        return _MM_V2_OUT(*args, out=out) if _MM_V2_OUT is not None else out.copy_(_MM_V2(*args))
+        return _MM_V2(a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
+                      _SWIZZLE_INTS, None, out_dtype, (), False)
     if hasattr(F, "scaled_mm"):
-        c = F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
-                        swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
-        return c if out is None else out.copy_(c)
-    if out is None:
-        return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
-    return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype, out=out)
+        return F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
+                           swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
+    return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
 
 
 def scaled_mm_blockwise_accumulate(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,

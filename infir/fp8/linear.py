@@ -28,8 +28,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .comm import LOCAL, Local, ScatterOutput, SequenceParallel
-from .ops import fp8_gather_mm, fp8_mm, fp8_mm_scatter, fp8_wgrad_main_grad, gemm_granularity, quantize_operand
+from .comm import LOCAL, Local, SequenceParallel
+from .ops import fp8_mm, fp8_wgrad_main_grad, gemm_granularity, quantize_operand
 from .recipe import OperandFormat, Recipe, get_recipe
 from .swiglu import (fused_backward_quantize_ok, fused_forward_quantize_ok, swiglu_fp8_backward,
                      swiglu_fp8_backward_quantized, swiglu_fp8_forward, swiglu_fp8_forward_quantized)
@@ -41,9 +41,8 @@ class LinearSpec:
     """What one FP8 linear call computes (dynamo specialises a compiled layer on it).
 
     input, grad_output: the recipe's operand formats; weight_granularity: that of the cached FP8 weight.
-    comm: comm.LOCAL, a comm.SequenceParallel (then x is this rank's shard of the sequence and Y
-    covers the whole sequence) or a comm.ScatterOutput (x covers the sequence, Y is this rank's shard of
-    the sum over ranks). to_main_grad: the weight has megatron's FP32 `main_grad` and its grad
+    comm: comm.LOCAL or a comm.SequenceParallel (then x is this rank's shard of the sequence and Y
+    covers the whole sequence). to_main_grad: the weight has megatron's FP32 `main_grad` and its grad
     hook skips what autograd gets (`grad_added_to_main_grad`): wgrad adds into main_grad itself.
     swiglu: the SwiGLU epilogue's saved-input format, or None; fp8_out (with swiglu): Y leaves as FC2's
     FP8 operands (Fp8SwiGLUOutput)."""
@@ -51,13 +50,13 @@ class LinearSpec:
     input: OperandFormat
     grad_output: OperandFormat
     weight_granularity: str
-    comm: Local | SequenceParallel | ScatterOutput
+    comm: Local | SequenceParallel
     to_main_grad: bool = False
     swiglu: OperandFormat | None = None
     fp8_out: bool = False
 
     @classmethod
-    def of(cls, recipe: Recipe, weight_granularity: str, comm: Local | SequenceParallel | ScatterOutput = LOCAL, **kw) -> "LinearSpec":
+    def of(cls, recipe: Recipe, weight_granularity: str, comm: Local | SequenceParallel = LOCAL, **kw) -> "LinearSpec":
         return cls(recipe.input, recipe.grad_output, weight_granularity, comm, **kw)
 
 
@@ -103,7 +102,9 @@ class Fp8LinearFunction(torch.autograd.Function):
             (qx, sx, _), xt = quantize_operand(x, spec.input, cols=need_wgrad)
         else:
             qx, sx, xt = xq, xs, (None if xqt is None else (xqt, xst, gran))
-        h = _fprop(spec, qx, sx, gran, w, w_scale, w_mm, x.dtype)
+        # X^T's shards stay local until backward
+        qx, sx = spec.comm.gather_wait(spec.comm.gather_start((qx, sx), 0))
+        h = fp8_mm(qx, sx, gran, w, w_scale, spec.weight_granularity, x.dtype, False, w_mm)
         if bias is not None:
             h = h + bias.to(h.dtype)
         saved = {"w": w, "w_scale": w_scale, "w_mm_t": w_mm_t}
@@ -124,77 +125,33 @@ class Fp8LinearFunction(torch.autograd.Function):
         st: _Saved = ctx.state
         comm = st.spec.comm
         saved = dict(zip(st.names, ctx.saved_tensors))
-        if isinstance(comm, ScatterOutput):
-            return _scatter_backward(st, saved, dy)
         # megatron's order under sequence parallelism: X^T's shards are gathered around dY's
         # quantization and dgrad, and dX's reduce-scatter around wgrad
         pending = comm.gather_start((saved["xt"], saved["xt_scale"]), 1) if st.need_wgrad else None
         (qdy, sdy, gdy), dyt = _grad_operands(st, saved, dy)
-        dx = dw = None
+        dx = dw = db = None
         if st.need_dgrad:
             dx = fp8_mm(qdy, sdy, gdy, saved["w"], saved["w_scale"], st.spec.weight_granularity, st.x_dtype, True,
                         saved.get("w_mm_t"))
             dx = comm.reduce_scatter_start(dx)
         if st.need_wgrad:
             xt, xt_scale = comm.gather_wait(pending)
-            dw = _wgrad(st, saved, dyt, xt, xt_scale)
+            xt_gran = gemm_granularity(st.spec.input.granularity)
+            if st.to_main_grad:
+                dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
+                # dw is the op's unwritten placeholder. A compiled graph needs it, or it prunes the op; megatron
+                # DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips adding it
+                # (grad_added_to_main_grad) and drops it. Elsewhere the weight's .grad stays None: it is all in
+                # main_grad, and no hook would drop an unwritten tensor an optimizer might then read.
+                if not (torch.compiler.is_compiling() or getattr(saved["weight"], "grad_added_to_main_grad", False)):
+                    dw = None
+            else:  # dW in the weight's dtype, for autograd
+                dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
         if dx is not None:
             dx = comm.reduce_scatter_wait(dx)
-        return _grads(st, dx, dw, dy)
-
-
-def _fprop(spec: LinearSpec, qx, sx, gran: str, w, w_scale, w_mm, dtype) -> torch.Tensor:
-    """h = X W^T under the spec's communication: the row-parallel GEMM pipelined with its reduce-scatter,
-    the column-parallel one with its gather, or the gather (X^T's shards stay local until backward) and then
-    one GEMM."""
-    comm = spec.comm
-    if isinstance(comm, ScatterOutput):
-        sp = comm.sp
-        return fp8_mm_scatter(qx, sx, gran, w, w_scale, spec.weight_granularity, dtype, w_mm, sp.group, sp.world, sp.rank)
-    if isinstance(comm, SequenceParallel) and comm.overlap:
-        return fp8_gather_mm(qx, sx, gran, w, w_scale, spec.weight_granularity, dtype, False, w_mm,
-                             comm.group, comm.world, comm.rank)
-    qx, sx = comm.gather_wait(comm.gather_start((qx, sx), 0))
-    return fp8_mm(qx, sx, gran, w, w_scale, spec.weight_granularity, dtype, False, w_mm)
-
-
-def _scatter_backward(st: "_Saved", saved: dict, dy: torch.Tensor) -> tuple:
-    """Backward of a row-parallel GEMM whose output was reduce-scattered: dY is this rank's shard. It is
-    quantized here and its FP8 operands gathered: dY^T's for wgrad while dgrad runs, dY's pipelined with
-    dgrad (each rank's rows of dX as they arrive)."""
-    sp = st.spec.comm.sp
-    (qdy, sdy, gdy), dyt = _grad_operands(st, saved, dy)
-    pending = sp.gather_start(dyt[:2], 1) if st.need_wgrad else None
-    dx = dw = None
-    if st.need_dgrad:
-        dx = fp8_gather_mm(qdy, sdy, gdy, saved["w"], saved["w_scale"], st.spec.weight_granularity, st.x_dtype, True,
-                           saved.get("w_mm_t"), sp.group, sp.world, sp.rank)
-    if st.need_wgrad:
-        dyt = (*sp.gather_wait(pending), dyt[2])
-        dw = _wgrad(st, saved, dyt, saved["xt"], saved["xt_scale"])
-    return _grads(st, dx, dw, dy)
-
-
-def _wgrad(st: "_Saved", saved: dict, dyt, xt, xt_scale):
-    """dW = dY^T X from their token-quantized operands: into megatron's main_grad (autograd then gets the
-    op's placeholder or None), or in the weight's dtype for autograd."""
-    xt_gran = gemm_granularity(st.spec.input.granularity)
-    if not st.to_main_grad:
-        return fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
-    dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
-    # dw is the op's unwritten placeholder. A compiled graph needs it, or it prunes the op; megatron
-    # DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips adding it
-    # (grad_added_to_main_grad) and drops it. Elsewhere the weight's .grad stays None: it is all in
-    # main_grad, and no hook would drop an unwritten tensor an optimizer might then read.
-    if not (torch.compiler.is_compiling() or getattr(saved["weight"], "grad_added_to_main_grad", False)):
-        return None
-    return dw
-
-
-def _grads(st: "_Saved", dx, dw, dy) -> tuple:
-    """The Function's backward outputs: dx, dw and the bias gradient, None for the other inputs."""
-    db = dy.float().sum(0) if st.need_bias_grad else None
-    return (dx, dw, None, None, None, None, db) + (None,) * 5
+        if st.need_bias_grad:
+            db = dy.float().sum(0)
+        return (dx, dw, None, None, None, None, db) + (None,) * 5
 
 
 def _epilogue(ctx, h: torch.Tensor, spec: LinearSpec, saved: dict):
@@ -248,15 +205,12 @@ def fp8_linear(x, weight: torch.Tensor, wq, bias: torch.Tensor | None, spec: Lin
     w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
     pre = (None,) * 4
     if isinstance(x, Fp8SwiGLUOutput):
-        if isinstance(spec.comm, SequenceParallel) or spec.swiglu is not None:
+        if not isinstance(spec.comm, Local) or spec.swiglu is not None:
             raise ValueError("an FP8 SwiGLU output goes into a row-parallel linear (FC2), without sequence-parallel "
                              "gather or an epilogue of its own")
         pre, x = (x.q, x.scale, x.qt, x.scale_t), x.anchor
-    if isinstance(spec.comm, ScatterOutput) and bias is not None:
-        raise ValueError("a row-parallel FP8 linear that reduce-scatters its output adds no bias before the sum: "
-                         "add it to the output shard")
     k = x.shape[-1]
-    lead = (spec.comm.out_rows(x.shape[0]), *x.shape[1:-1])
+    lead = (x.shape[0] * spec.comm.world, *x.shape[1:-1])
     out = Fp8LinearFunction.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias, *pre, spec)
     if spec.fp8_out:
         anchor, q, s, qt, st = out

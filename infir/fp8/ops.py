@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from .comm import SequenceParallel
 from .formats import get_format
 from .gemm import blockwise_dtypes_ok, fp8_gemm, fp8_gemm_accumulate, is_sm90, outer_dim_major, scaled_mm_blockwise
 from .oplib import define_op
@@ -24,10 +23,8 @@ from .recipe import OperandFormat
 
 
 def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
-            out_dtype: torch.dtype, b_transposed: bool = False, b_mm_scale: torch.Tensor | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
-    """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm),
-    into `out` where given (a block of rows of a larger output: the pipelined ops below).
+            out_dtype: torch.dtype, b_transposed: bool = False, b_mm_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm).
 
     b_transposed: b is stored [K, N] (W for dgrad); its bytes are transposed here and freed after
     the GEMM. Inside this op, and not as an op of its own, because the partitioner runs an opaque op
@@ -37,25 +34,19 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
     (gemm.scaled_mm_scale, made once a step by the weight cache); with it, and token A on an sm90
     GPU, the GEMM is one scaled_mm call with no per-call layout work.
     """
-    if _fast(a, a_gran, b, b_gran, b_transposed, b_mm_scale):
+    m, k = a.shape
+    n = b.shape[1 if b_transposed else 0]
+    fast = (a_gran == "token" and is_sm90(a) and m % 16 == 0 and k % 128 == 0 and n % 128 == 0
+            and blockwise_dtypes_ok(a, b)
+            and ((b_gran == "block" and b_mm_scale is not None) or (b_gran == "token" and not b_transposed)))
+    if fast:
         bk = transposed(b) if b_transposed else b
         # token scales come from the quantize op, outer-dim-major as scaled_mm takes them
-        return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype,
-                                   out=out)
+        return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype)
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
-    c = fp8_gemm(qa, transpose_q(qb) if b_transposed else qb, out_dtype=out_dtype)
-    return c if out is None else out.copy_(c)
-
-
-def _fast(a: torch.Tensor, a_gran: str, b: torch.Tensor, b_gran: str, b_transposed: bool, b_mm_scale) -> bool:
-    """Whether _fp8_mm is one scaled_mm call (see there)."""
-    m, k = a.shape
-    n = b.shape[1 if b_transposed else 0]
-    return (a_gran == "token" and is_sm90(a) and m % 16 == 0 and k % 128 == 0 and n % 128 == 0
-            and blockwise_dtypes_ok(a, b)
-            and ((b_gran == "block" and b_mm_scale is not None) or (b_gran == "token" and not b_transposed)))
+    return fp8_gemm(qa, transpose_q(qb) if b_transposed else qb, out_dtype=out_dtype)
 
 
 def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed=False, b_mm_scale=None):
@@ -65,68 +56,6 @@ def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed
 fp8_mm = define_op(
     "fp8_mm", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
     "bool b_transposed=False, Tensor? b_mm_scale=None) -> Tensor", _fp8_mm, _fp8_mm_fake)
-
-
-def _fp8_gather_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
-                   b_gran: str, out_dtype: torch.dtype, b_transposed: bool, b_mm_scale: torch.Tensor | None,
-                   group: str, world: int, rank: int) -> torch.Tensor:
-    """fp8_mm of A all-gathered over the sequence-parallel group (this rank holds rows [rank * M, (rank + 1) * M)):
-    each rank's rows are multiplied into their block of C as they arrive, this rank's own while the
-    others' are on the wire (comm.SequenceParallel.gather_consume). One op, so that a compiled layer keeps
-    the pipeline as it is written."""
-    m = a.shape[0]
-    if b_transposed and _fast(a, a_gran, b, b_gran, b_transposed, b_mm_scale):
-        b, b_transposed = transposed(b), False   # once, not per block
-    c = a.new_empty((m * world, b.shape[1 if b_transposed else 0]), dtype=out_dtype)
-
-    def consume(blocks, r):
-        _fp8_mm(blocks[0], blocks[1], a_gran, b, b_scale, b_gran, out_dtype, b_transposed, b_mm_scale,
-                out=c[r * m:(r + 1) * m])
-
-    SequenceParallel(group, world, rank, overlap=True).gather_consume((a, a_scale), consume)
-    return c
-
-
-def _fp8_gather_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed, b_mm_scale, group, world, rank):
-    return a.new_empty((a.shape[0] * world, b.shape[1 if b_transposed else 0]), dtype=out_dtype)
-
-
-fp8_gather_mm = define_op(
-    "fp8_gather_mm", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
-    "bool b_transposed, Tensor? b_mm_scale, str group, int world, int rank) -> Tensor", _fp8_gather_mm, _fp8_gather_mm_fake)
-
-
-def _rows(s: torch.Tensor, gran: str, lo: int, hi: int) -> torch.Tensor:
-    """The scales of rows [lo, hi) of an operand, in the layout its GEMM takes (token scales outer-dim-major)."""
-    if gran == "tensor":
-        return s
-    s = s[lo:hi]
-    return s.t().contiguous().t() if gran == "token" else s.contiguous()
-
-
-def _fp8_mm_scatter(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
-                    b_gran: str, out_dtype: torch.dtype, b_mm_scale: torch.Tensor | None,
-                    group: str, world: int, rank: int) -> torch.Tensor:
-    """This rank's rows of fp8_mm(A, B) summed over the sequence-parallel group (a row-parallel GEMM and
-    its reduce-scatter): the other ranks' rows are multiplied and sent first, this rank's own while they
-    travel (comm.SequenceParallel.produce_scatter)."""
-    rows = a.shape[0] // world
-
-    def produce(r, out):
-        lo, hi = r * rows, (r + 1) * rows
-        _fp8_mm(a[lo:hi], _rows(a_scale, a_gran, lo, hi), a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale, out=out)
-
-    like = a.new_empty(0, dtype=out_dtype)
-    return SequenceParallel(group, world, rank, overlap=True).produce_scatter(produce, rows, b.shape[0], like)
-
-
-def _fp8_mm_scatter_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_mm_scale, group, world, rank):
-    return a.new_empty((a.shape[0] // world, b.shape[0]), dtype=out_dtype)
-
-
-fp8_mm_scatter = define_op(
-    "fp8_mm_scatter", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
-    "Tensor? b_mm_scale, str group, int world, int rank) -> Tensor", _fp8_mm_scatter, _fp8_mm_scatter_fake)
 
 
 def _fp8_wgrad_main_grad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,

@@ -14,10 +14,7 @@ hook checks the cache itself, outside any compiled graph.
 Sequence parallelism: megatron all-gathers the BF16 activation shards before the column-parallel
 GEMM. Here, for per-token activations in 128-token shards, the local shard is quantized first and the
 FP8 bytes + scales are all-gathered (`infir.fp8.SequenceParallel`: half the bytes, exact); other
-formats gather BF16 as megatron does and quantize after. With `tp_overlap` (parallel.tp_comm_overlap)
-the column-parallel GEMM is pipelined with that gather, and the row-parallel layers reduce-scatter
-inside the FP8 core (`infir.fp8.ScatterOutput`) instead of after megatron's forward: the GEMM is
-pipelined with the reduce-scatter, and backward gathers dY's FP8 operands instead of BF16.
+formats gather BF16 as megatron does and quantize after.
 
 BF16 autocast: the FP8 core takes BF16 activations (the autocast dtype) and FP32 master weights,
 and runs with autocast off inside (its GEMMs are FP8; outputs come back in the activation dtype).
@@ -31,8 +28,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from infir.fp8 import (LOCAL, Fp8SwiGLUOutput, LinearSpec, Recipe, ScatterOutput, SequenceParallel, WeightCache,
-                       fp8_linear, tensors_of)
+from infir.fp8 import LOCAL, Fp8SwiGLUOutput, LinearSpec, Recipe, SequenceParallel, WeightCache, fp8_linear, tensors_of
 from infir.model.linears import ColumnLinear, RowLinear, column_input
 
 
@@ -53,7 +49,7 @@ class Fp8Projection:
     # set by the refresh hook where the weight has megatron's main_grad: wgrad adds into it
     to_main_grad = False
 
-    def _init_fp8(self, recipe: Recipe, swiglu_epilogue: bool, tp_overlap: bool) -> None:
+    def _init_fp8(self, recipe: Recipe, swiglu_epilogue: bool) -> None:
         if not recipe.fp8:
             raise ValueError(f"{type(self).__name__} needs an FP8 recipe, not {recipe.name!r}")
         if swiglu_epilogue and recipe.swiglu_input is None:
@@ -61,11 +57,6 @@ class Fp8Projection:
         self.recipe = recipe
         self.weight_cache = WeightCache()
         self.swiglu = recipe.swiglu_input if swiglu_epilogue else None
-        tp = self.tp_group
-        world = 1 if tp is None else dist.get_world_size(tp)
-        # compiled code names the group by string: it holds no ProcessGroup objects
-        self.sp_comm = (SequenceParallel(tp.group_name, world, dist.get_rank(tp), tp_overlap)
-                        if world > 1 and self.sequence_parallel else None)
 
     def fp8_matmul(self, x, weight: torch.Tensor, bias, comm=LOCAL):
         wq = self.weight_cache.q if self.weight_refreshed else self._fresh_weight(weight)
@@ -84,9 +75,13 @@ class Fp8ColumnLinear(Fp8Projection, ColumnLinear):
     """Column-parallel FP8 linear (QKV, FC1). `swiglu_epilogue`: FC1 applying SwiGLU (the recipe's
     swiglu_input format) and handing FC2 its FP8 input."""
 
-    def __init__(self, *args, recipe: Recipe, swiglu_epilogue: bool = False, tp_overlap: bool = False, **kwargs):
+    def __init__(self, *args, recipe: Recipe, swiglu_epilogue: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_fp8(recipe, swiglu_epilogue, tp_overlap)
+        self._init_fp8(recipe, swiglu_epilogue)
+        tp = self.tp_group
+        world = 1 if tp is None else dist.get_world_size(tp)
+        # compiled code names the group by string: it holds no ProcessGroup objects
+        self.sp_comm = SequenceParallel(tp.group_name, world) if world > 1 else None
 
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
         if sequence_parallel and self.sp_comm is not None and SequenceParallel.takes(self.recipe.input.granularity, input):
@@ -98,22 +93,9 @@ class Fp8ColumnLinear(Fp8Projection, ColumnLinear):
 class Fp8RowLinear(Fp8Projection, RowLinear):
     """Row-parallel FP8 linear (attention output, FC2)."""
 
-    def __init__(self, *args, recipe: Recipe, tp_overlap: bool = False, **kwargs):
+    def __init__(self, *args, recipe: Recipe, **kwargs):
         super().__init__(*args, **kwargs)
-        self._init_fp8(recipe, False, tp_overlap)
-        self.scatter = ScatterOutput(self.sp_comm) if self.sp_comm is not None and self.sp_comm.overlap else None
-
-    def forward(self, input_):
-        """megatron's forward (GEMM, then the reduce-scatter of its partial sums), or under tp_overlap the
-        two pipelined inside the core; the bias is added to the output shard either way."""
-        anchor = input_.anchor if isinstance(input_, Fp8SwiGLUOutput) else input_
-        if self.scatter is None or not self.scatter.takes(self.recipe.input.granularity,
-                                                         self.recipe.grad_output.granularity, anchor):
-            return super().forward(input_)
-        out = self.fp8_matmul(input_, self.weight, None, self.scatter)
-        if self.skip_bias_add:
-            return out, self.bias
-        return (out + self.bias if self.bias is not None else out), None
+        self._init_fp8(recipe, swiglu_epilogue=False)
 
     def matmul(self, x, weight, bias):
         return self.fp8_matmul(x, weight, bias)

@@ -11,8 +11,6 @@ Communication (column-parallel input side), with megatron's own autograd mapping
 - sequence parallel: all-gather the sequence shards (backward: reduce-scatter of dgrad);
 - tensor parallel without SP: identity (backward: all-reduce of dgrad);
 The row-parallel output side (all-reduce or reduce-scatter) stays in megatron's RowParallelLinear.forward.
-With `tp_overlap` (parallel.tp_comm_overlap) under sequence parallelism, both sides run pipelined with
-their GEMMs instead (pipelined_tp.py).
 """
 from __future__ import annotations
 
@@ -24,9 +22,6 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
 )
 
-from infir.fp8 import SequenceParallel
-from infir.model.pipelined_tp import GatherLinear, LinearScatter
-
 
 def column_input(x: torch.Tensor, *, allreduce_dgrad: bool, sequence_parallel: bool, tp_group) -> torch.Tensor:
     if sequence_parallel:
@@ -36,27 +31,10 @@ def column_input(x: torch.Tensor, *, allreduce_dgrad: bool, sequence_parallel: b
     return x
 
 
-def _pipeline(layer, tp_overlap: bool) -> SequenceParallel | None:
-    """The layer's sequence-parallel group as a pipelining strategy, where it is on and applies."""
-    tp = layer.tp_group
-    if not (tp_overlap and layer.sequence_parallel and tp is not None and tp.size() > 1):
-        return None
-    return SequenceParallel(tp.group_name, tp.size(), tp.rank(), overlap=True)
-
-
 class ColumnLinear(ColumnParallelLinear):
     """Column-parallel linear (QKV, FC1): Y_i = X W_i^T on each TP rank."""
 
-    pipeline: SequenceParallel | None = None   # the LM head is made a ColumnLinear without __init__
-
-    def __init__(self, *args, tp_overlap: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pipeline = _pipeline(self, tp_overlap)
-
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
-        if sequence_parallel and self.pipeline is not None:
-            y = GatherLinear.apply(input, weight, self.pipeline)
-            return y if bias is None else y + bias.to(y.dtype)
         x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
         return self.matmul(x, weight, bias)
 
@@ -66,20 +44,6 @@ class ColumnLinear(ColumnParallelLinear):
 
 class RowLinear(RowParallelLinear):
     """Row-parallel linear (attention out, FC2): partial sums, reduced by megatron's forward."""
-
-    def __init__(self, *args, tp_overlap: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pipeline = _pipeline(self, tp_overlap)
-
-    def forward(self, input_):
-        """megatron's forward, or under tp_overlap the GEMM pipelined with its reduce-scatter; the bias is
-        added to the output shard either way."""
-        if self.pipeline is None:
-            return super().forward(input_)
-        out = LinearScatter.apply(input_, self.weight, self.pipeline)
-        if self.skip_bias_add:
-            return out, self.bias
-        return (out + self.bias if self.bias is not None else out), None
 
     def _forward_impl(self, input, weight, bias=None, **_):
         return self.matmul(input, weight, bias)

@@ -166,19 +166,17 @@ def _fusion_kwargs(fusions: bool) -> dict:
 
 
 def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_loss: bool = False,
-              loss_chunk_tokens: int = 8192, attention: str = "auto", tp_comm_overlap: bool = False):
+              loss_chunk_tokens: int = 8192, attention: str = "auto"):
     """megatron GPTModel for one pipeline stage holding the whole depth (pre- and post-process).
 
     chunked_loss: the LM head + cross entropy run chunk by chunk with gradients computed in the forward
     (infir/model/lm_loss.py); the model then returns the loss_mask-weighted sum, never full logits.
     recipe: the infir.fp8.Recipe the projections run (None or a high-precision recipe: megatron's linears).
     attention: the kernel of packed documents and context parallelism (infir.model.attention.KERNELS).
-    tp_comm_overlap: the FP8 projections pipeline their sequence-parallel gathers and reduce-scatters
-    with their GEMMs (infir.model.fp8_linears).
     """
     from infir.model.spec import block_spec, projections
 
-    proj = projections(recipe, tp_comm_overlap)
+    proj = projections(recipe)
     if proj.activation is not None:
         # megatron applies a spec'd activation module only under this flag, and refuses it together
         # with its own fused bias-SwiGLU (the module replaces that one).

@@ -60,22 +60,16 @@ class Projections:
     activation: object = None
 
 
-def projections(recipe: Recipe | None = None, tp_overlap: bool = False) -> Projections:
+def projections(recipe: Recipe | None = None) -> Projections:
     """The projections of a precision recipe: megatron's high-precision linears, or the FP8 ones with
-    the recipe as their ModuleSpec param; `tp_overlap`: their sequence-parallel communication pipelined
-    with their GEMMs (pipelined_tp.py, fp8_linears.py)."""
+    the recipe as their ModuleSpec param."""
     if recipe is None or not recipe.fp8:
-        if not tp_overlap:
-            return Projections()
-        column = ModuleSpec(module=ColumnLinear, params={"tp_overlap": True})
-        row = ModuleSpec(module=RowLinear, params={"tp_overlap": True})
-        return Projections(column, column, row, row)
-    params = {"recipe": recipe, "tp_overlap": tp_overlap}
-    column = ModuleSpec(module=Fp8ColumnLinear, params=params)
-    row = ModuleSpec(module=Fp8RowLinear, params=params)
+        return Projections()
+    column = ModuleSpec(module=Fp8ColumnLinear, params={"recipe": recipe})
+    row = ModuleSpec(module=Fp8RowLinear, params={"recipe": recipe})
     if recipe.swiglu_input is None:
         return Projections(column, column, row, row)
-    fc1 = ModuleSpec(module=Fp8ColumnLinear, params={**params, "swiglu_epilogue": True})
+    fc1 = ModuleSpec(module=Fp8ColumnLinear, params={"recipe": recipe, "swiglu_epilogue": True})
     return Projections(column, fc1, row, row, ModuleSpec(module=SwiGLUInFc1))
 
 

@@ -81,7 +81,7 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
     model = build_gpt(
         size, tcfg, recipe, seq_length=cfg.stage.seq_length,
         chunked_loss=_on_gpu(cfg.model.chunked_loss, device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
-        attention=cfg.model.attention, tp_comm_overlap=cfg.parallel.tp_comm_overlap,
+        attention=cfg.model.attention,
     ).to(device)
     graphed = False
     if _on_gpu(cfg.model.compile, device):

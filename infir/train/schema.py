@@ -167,7 +167,6 @@ class ParallelConfig:
     tp: int = 1                      # tensor-parallel size; data parallel takes the rest of the launch's ranks
     sequence_parallel: bool = False
     cp: int = 1                      # context-parallel size: the sequence split over cp ranks
-    tp_comm_overlap: bool = False    # under sequence parallelism: the gathers and reduce-scatters pipelined with the GEMMs
 
     def __post_init__(self):
         check(self.tp >= 1, "parallel.tp", self.tp, "an integer >= 1")
