@@ -204,12 +204,14 @@ def overrides(precision: str) -> list[str]:
 
 
 def case_of(precision: str) -> str:
-    """What a GPU computes: the precision with its overrides other than parallel.* (which the layout holds)
-    and those that only choose how data parallelism communicates."""
-    rest = [o for o in overrides(precision) if not o.startswith(("parallel.", *DP_ONLY))]
+    """What a GPU computes: the precision with its overrides other than parallel.* (which the layout holds),
+    those that only choose how data parallelism communicates, and one naming the default optimizer."""
+    rest = [o for o in overrides(precision)
+            if not o.startswith(("parallel.", *DP_ONLY)) and o.lstrip("+") != f"optimizer={default_optimizer()}"]
     return "+".join([precision.partition("+")[0], ",".join(rest)]) if rest else precision.partition("+")[0]
 
 
+@functools.lru_cache(maxsize=None)
 def default_optimizer() -> str:
     """conf/config.yaml's optimizer: the trainer's where a case names none."""
     import yaml

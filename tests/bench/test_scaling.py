@@ -221,6 +221,16 @@ def test_micro_batches_come_from_each_rows_own_figures():
                             None).micro_batches is None  # no whole number: not priced
 
 
+def test_a_case_is_what_a_gpu_computes():
+    """Overrides that pick the layout, the data-parallel communication or the default optimizer compute the
+    same step: a measured case with them prices, and is priced by, the plain one."""
+    assert scaling.default_optimizer() == "adamw"
+    assert scaling.case_of("bf16+optimizer=adamw,parallel.cp=2") == "bf16"
+    assert scaling.case_of("fp8_blockwise_ue8m0+optimizer.distributed=false") == "fp8_blockwise_ue8m0"
+    assert scaling.case_of("fp8_blockwise_ue8m0+optimizer.fp8_param_gather=true") != "fp8_blockwise_ue8m0"  # its quantizing
+    assert scaling.case_of("bf16+optimizer=flash_adamw") == "bf16+optimizer=flash_adamw"
+
+
 def test_bandwidth_rows_follow_nccl_tests():
     row = scaling.bandwidth_row("all_reduce", 4, 2**30, 0.01)
     assert row["algbw_GB/s"] == pytest.approx(2**30 / 0.01 / 1e9)
