@@ -536,6 +536,14 @@ class Trainer:
         self.log.finish()
         return last
 
+    def close(self) -> None:
+        """Ends what this trainer left running, for a process that goes on without it (a bench's next case,
+        a test): the parameter gathers the last step started (a dropped, never-waited gather keeps its buffers
+        allocated in the communicator: the whole parameter buffer), the checkpoint being written, the logger."""
+        self.optimizer.finish_gathers()
+        self.wait_save()
+        self.log.finish()
+
     def _due(self, interval: int) -> bool:
         """Every `interval` steps, and at the last step."""
         return self.step % interval == 0 or self.step == self.total_iters

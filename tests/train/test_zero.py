@@ -107,3 +107,23 @@ def test_a_global_batch_that_does_not_split_over_the_ranks_is_refused_in_one_lin
     assert ("infir-train: stage.global_batch=3 is not a multiple of stage.micro_batch x data-parallel ranks (1 x 2 = 2): "
             "use 2 or 4, or change stage.micro_batch or the number of processes") in proc.stderr, proc.stderr
     assert "infir/train/loop.py" not in proc.stderr  # the ranks' one line, no traceback of theirs (torchrun adds its own)
+
+
+def test_close_waits_for_the_gathers_the_last_step_started(demo_root, tmp_path):
+    """Trainer.close ends the parameter gathers the last optimizer step started: a process that goes on
+    (bench/step.py's next case) would otherwise keep their buffers allocated, since NCCL holds a never-waited
+    gather's tensors (the whole FP32 parameter buffer stayed allocated between cases on GPUs)."""
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    try:
+        trainer = Trainer(compose(["logger=none", f"data.root={demo_root}", f"run_dir={tmp_path}", "stage.iters=2",
+                                   "optimizer.distributed=true"]))   # ZeRO-1 over one rank: its gathers all the same
+        trainer.train_step(0)
+        pending = [p for bucket in trainer.optimizer._pending for p in bucket.params]
+        assert pending and all(p.gather_pending for p in pending)
+        trainer.close()
+        assert not trainer.optimizer._pending and not any(p.gather_pending for p in pending)
+    finally:
+        distributed.shutdown()

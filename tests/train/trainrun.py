@@ -79,7 +79,7 @@ def in_process_losses(runs: dict, steps: int) -> dict:
         for name, overrides in runs.items():
             trainer = Trainer(compose(overrides))
             out[name] = [trainer.train_step(i)["loss"] for i in range(steps)]
-            trainer.log.finish()
+            trainer.close()
             del trainer
     finally:
         distributed.shutdown()
