@@ -68,6 +68,9 @@ if ! python3 -c "import megatron.core, hydra, accelerate" 2>/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# as launch/lib.sh runs infir-train: the timings are those of a launched job (its kernels issued in order
+# across streams; communication beside compute times differently without it)
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
 ACCUM=${ACCUM:-4}   # micro-batches per step: a CPT global batch is many micro-batches per GPU
 status=0
 run() {  # run NAME CMD...: output to $OUT/NAME.log, tail to the console, remember failures
