@@ -93,12 +93,14 @@ def test_a_split_inside_a_group_requantizes_only_that_group():
 
 FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0", "stage.global_batch=4", "stage.micro_batch=1",
         "precision=fp32", "train.save_interval=3", "stage.iters=6"]
-LAYOUTS = {"tp2_dp1": ["parallel=tp2"], "tp1_dp2": []}
+LAYOUTS = {"tp2_dp1": (2, ["parallel=tp2"]), "tp1_dp2": (2, []), "tp2_dp2": (4, ["parallel=tp2"]), "tp1_dp4": (4, [])}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optimizer", ["adamw", "flash_adamw"])
-@pytest.mark.parametrize("saved, resumed", [("tp2_dp1", "tp1_dp2"), ("tp1_dp2", "tp2_dp1")])
+@pytest.mark.parametrize("optimizer, saved, resumed", [
+    *((o, a, b) for o in ("adamw", "flash_adamw") for a, b in (("tp2_dp1", "tp1_dp2"), ("tp1_dp2", "tp2_dp1"))),
+    ("adamw", "tp2_dp2", "tp1_dp4"),   # the issue's example: TP and DP sizes both change
+])
 def test_a_checkpoint_resumes_at_another_tensor_parallel_size(demo_root, tmp_path, optimizer, saved, resumed):
     """A run stopped at step 3 at one layout and resumed at the other takes the uninterrupted run's steps.
     Tolerance: AdamW's FP32 steps on the tiny model come out equal here, but TP changes the summation order of
@@ -107,11 +109,12 @@ def test_a_checkpoint_resumes_at_another_tensor_parallel_size(demo_root, tmp_pat
     uninterrupted one, and FC2's straddling groups were requantized once, so 1e-4 (measured: <= 5e-5)."""
     common = [*FAST, f"optimizer={optimizer}", f"data.root={demo_root}", "optimizer.bucket_size=20000"]
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
-    run_train([*common, *LAYOUTS[saved], f"run_dir={whole}"], nproc=2)
-    run_train([*common, *LAYOUTS[saved], f"run_dir={stopped}", "train.exit_after=3"], nproc=2)
-    out = run_train([*common, *LAYOUTS[resumed], f"run_dir={stopped}"], nproc=2)
+    (n_saved, saved_args), (n_resumed, resumed_args) = LAYOUTS[saved], LAYOUTS[resumed]
+    run_train([*common, *saved_args, f"run_dir={whole}"], nproc=n_saved)
+    run_train([*common, *saved_args, f"run_dir={stopped}", "train.exit_after=3"], nproc=n_saved)
+    out = run_train([*common, *resumed_args, f"run_dir={stopped}"], nproc=n_resumed)
     assert "at step 3" in out.stdout
-    assert summary(stopped)["tp"] == (2 if resumed == "tp2_dp1" else 1)
+    assert summary(stopped)["tp"] == (2 if resumed.startswith("tp2") else 1)
     want, got = losses(whole), losses(stopped)
     assert sorted(got) == list(range(1, 7))
     rel = 1e-6 if optimizer == "adamw" else 1e-4
