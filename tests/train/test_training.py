@@ -109,7 +109,9 @@ def test_ctrl_c_saves_and_stops_in_one_line(demo_root, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     env.update(WANDB_MODE="disabled", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     args = demo(demo_root, run_dir, *SMALL, "stage.iters=1000", "train.save_interval=1000")
-    proc = subprocess.Popen(train_cmd(args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal leaves it: a background job (a CI runner's) starts its children with SIGINT ignored
+    proc = subprocess.Popen(train_cmd(args), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         for line in proc.stdout:
             if line.startswith("step 2/"):
@@ -133,6 +135,7 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(demo_root, tmp_path, capfd
     from infir.train.loop import Trainer
 
     previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, which a background job's SIG_IGN replaces
     try:
         trainer = Trainer(compose(demo(demo_root, tmp_path, *SMALL, "stage.iters=20", "train.save_interval=100")))
         step = trainer.train_step
@@ -148,7 +151,8 @@ def test_a_second_ctrl_c_stops_at_once_without_saving(demo_root, tmp_path, capfd
         with pytest.raises(KeyboardInterrupt):
             trainer.train()
         assert trainer.step == 2 and not (tmp_path / "checkpoints").exists()
-        assert signal.getsignal(signal.SIGINT) is previous, "train() must give the process its own SIGINT handler back"
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, \
+            "train() must give the process its own SIGINT handler back"
         assert capfd.readouterr().err.count("Ctrl-C again: stop at once, unsaved") == 1
         trainer.log.finish()
     finally:
