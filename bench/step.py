@@ -436,7 +436,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
             f = max(prof.get("gemm", 0.0) - lm, 0.0)
             r = fp8_gemm_speedup(trainer.size, tokens, tp)
             row.update({"f_block_gemm": f, "r_fp8_gemm": r, "fp8_ceiling": 1.0 / ((1 - f) + f / r)})
-    trainer.close()  # its parameter gathers waited for: unwaited, NCCL keeps their buffers allocated
+    trainer.close()  # its pending parameter gathers waited for: cases torn down with them left the parameter buffer allocated
     del trainer
     torch._dynamo.reset()  # also frees CUDA graph pools (compile_mode=reduce-overhead): the next case starts clean
     gc.collect()

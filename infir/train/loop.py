@@ -538,8 +538,9 @@ class Trainer:
 
     def close(self) -> None:
         """Ends what this trainer left running, for a process that goes on without it (a bench's next case,
-        a test): the parameter gathers the last step started (a dropped, never-waited gather keeps its buffers
-        allocated in the communicator: the whole parameter buffer), the checkpoint being written, the logger."""
+        a test): the parameter gathers the last step started (bench cases torn down with gathers pending left the
+        whole parameter buffer allocated on GPUs, as an unwaited collective's tensors may stay held), the
+        checkpoint being written, the logger."""
         self.optimizer.finish_gathers()
         self.wait_save()
         self.log.finish()

@@ -99,7 +99,7 @@ LAYOUTS = {"tp2_dp1": (2, ["parallel=tp2"]), "tp1_dp2": (2, []), "tp2_dp2": (4, 
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer, saved, resumed", [
     *((o, a, b) for o in ("adamw", "flash_adamw") for a, b in (("tp2_dp1", "tp1_dp2"), ("tp1_dp2", "tp2_dp1"))),
-    ("adamw", "tp2_dp2", "tp1_dp4"),   # the issue's example: TP and DP sizes both change
+    ("adamw", "tp2_dp2", "tp1_dp4"),   # TP and DP sizes both change
 ])
 def test_a_checkpoint_resumes_at_another_tensor_parallel_size(demo_root, tmp_path, optimizer, saved, resumed):
     """A run stopped at step 3 at one layout and resumed at the other takes the uninterrupted run's steps.

@@ -111,8 +111,8 @@ def test_a_global_batch_that_does_not_split_over_the_ranks_is_refused_in_one_lin
 
 def test_close_waits_for_the_gathers_the_last_step_started(demo_root, tmp_path):
     """Trainer.close ends the parameter gathers the last optimizer step started: a process that goes on
-    (bench/step.py's next case) would otherwise keep their buffers allocated, since NCCL holds a never-waited
-    gather's tensors (the whole FP32 parameter buffer stayed allocated between cases on GPUs)."""
+    (bench/step.py's next case) must not inherit them: GPU cases torn down with gathers pending left the whole
+    FP32 parameter buffer allocated."""
     from infir.train import dist as distributed
     from infir.train.cli import compose
     from infir.train.loop import Trainer
