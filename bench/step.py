@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import gc
 import os
+import re
 import sys
 import threading
 import time
@@ -177,23 +178,43 @@ def exposed_communication(prof) -> float:
         if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start \
                 or _annotation(e):
             continue
-        (comm if classify(e.name) == "communication" else compute).append((e.time_range.start, e.time_range.end))
+        if classify(e.name) == "communication":
+            comm.append((e.name, e.time_range.start, e.time_range.end))
+        else:
+            compute.append((e.time_range.start, e.time_range.end))
     if not comm:
         return 0.0
-    busy, comm = _union(compute), _union(comm)
+    busy = _union(compute)
     starts = [x for x, _ in busy]
-    exposed = 0
-    for a, b in comm:
+
+    def uncovered(a: int, b: int) -> int:
         j = max(bisect.bisect_right(starts, a) - 1, 0)  # the first compute span that can overlap [a, b)
         covered = 0
         while j < len(busy) and busy[j][0] < b:
             covered += max(0, min(b, busy[j][1]) - max(a, busy[j][0]))
             j += 1
-        exposed += (b - a) - covered
-    total = sum(b - a for a, b in comm)
+        return (b - a) - covered
+
+    exposed = sum(uncovered(a, b) for a, b in _union([(a, b) for _, a, b in comm]))
+    total = sum(b - a for _, a, b in comm)
     print(f"communication kernels: {total / 1e3:.1f} ms in the profiled step, {exposed / 1e3:.1f} ms of it "
           f"with no compute kernel beside it (exposed)", flush=True)
+    print("exposed by collective and by tenth of the step (ms): " + exposed_by_op(comm, uncovered, busy), flush=True)
     return exposed
+
+
+def exposed_by_op(comm: list[tuple[str, int, int]], uncovered, busy: list[tuple[int, int]]) -> str:
+    """Where the exposed communication lies: per collective (ReduceScatter, AllGather, ...; overlapping
+    kernels of two collectives count for both) and in which tenth of the step's GPU span it starts,
+    which tells a gradient bucket left at the end of backward from a parameter gather the forward waits on."""
+    lo = min([a for a, _ in busy[:1]] + [a for _, a, _ in comm])
+    hi = max([b for _, b in busy[-1:]] + [b for _, _, b in comm])
+    per: dict[str, list[float]] = {}
+    for name, a, b in comm:
+        op = re.sub(r"^nccl(DevKernel_)?", "", name).split("_")[0] or name
+        tenths = per.setdefault(op, [0.0] * 10)
+        tenths[min(9, int(10 * (a - lo) / max(1, hi - lo)))] += uncovered(a, b) / 1e3
+    return "; ".join(f"{op} {sum(t):.1f} [" + " ".join(f"{x:.1f}" for x in t) + "]" for op, t in sorted(per.items()))
 
 
 def host_report(prof) -> None:
