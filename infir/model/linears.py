@@ -7,25 +7,74 @@ torch.compile's fusion, and (c) hard-wires a BF16 GEMM. We keep megatron's modul
 initialisation, TP sharding, sequence-parallel reduce-scatter, checkpoint keys) and override only
 `_forward_impl`: the tensor-parallel communication on the input side, then `self.matmul`.
 
-Communication (column-parallel input side), with megatron's own autograd mappings:
-- sequence parallel: all-gather the sequence shards (backward: reduce-scatter of dgrad);
-- tensor parallel without SP: identity (backward: all-reduce of dgrad);
-The row-parallel output side (all-reduce or reduce-scatter) stays in megatron's RowParallelLinear.forward.
+Communication:
+- sequence parallel: the column-parallel input is all-gathered from the sequence shards (backward:
+  reduce-scatter of dgrad) and the row-parallel output reduce-scattered back to them (backward:
+  all-gather), both through functional collectives (`sequence_gather`, `sequence_reduce_scatter`);
+- tensor parallel without SP: megatron's mappings (identity, backward all-reduce of dgrad; the row
+  output's all-reduce in RowParallelLinear.forward).
+Why not megatron's SP mappings: they write into a preallocated output with the in-place c10d calls, and
+inside a torch.compile'd layer on NCCL the gradients that came out of their backward were wrong (TP=2 with
+SP trained at a 17x smaller gradient norm than one rank, on the same first loss; launch/parallel_check.py).
+Out-of-place functional collectives are what dynamo traces as they run, as infir.fp8.comm does.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from megatron.core.tensor_parallel.mappings import (
-    copy_to_tensor_model_parallel_region,
-    gather_from_sequence_parallel_region,
-)
+from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+
+def _all_gather(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
+    out = torch.ops._c10d_functional.all_gather_into_tensor(x.contiguous(), world, group)
+    return torch.ops._c10d_functional.wait_tensor(out)
+
+
+def _reduce_scatter(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
+    out = torch.ops._c10d_functional.reduce_scatter_tensor(x.contiguous(), "sum", world, group)
+    return torch.ops._c10d_functional.wait_tensor(out)
+
+
+class _SequenceGather(torch.autograd.Function):
+    """Concatenation (dim 0) of every rank's sequence shard; backward: the reduce-scatter of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: str, world: int) -> torch.Tensor:
+        ctx.group, ctx.world = group, world
+        return _all_gather(x, group, world)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _reduce_scatter(grad, ctx.group, ctx.world), None, None
+
+
+class _SequenceReduceScatter(torch.autograd.Function):
+    """This rank's sequence shard (dim 0) of the sum over ranks; backward: the all-gather of the gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: str, world: int) -> torch.Tensor:
+        ctx.group, ctx.world = group, world
+        return _reduce_scatter(x, group, world)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_gather(grad, ctx.group, ctx.world), None, None
+
+
+def sequence_gather(x: torch.Tensor, tp_group) -> torch.Tensor:
+    world = tp_group.size()
+    return x if world == 1 else _SequenceGather.apply(x, tp_group.group_name, world)
+
+
+def sequence_reduce_scatter(x: torch.Tensor, tp_group) -> torch.Tensor:
+    world = tp_group.size()
+    return x if world == 1 else _SequenceReduceScatter.apply(x, tp_group.group_name, world)
 
 
 def column_input(x: torch.Tensor, *, allreduce_dgrad: bool, sequence_parallel: bool, tp_group) -> torch.Tensor:
     if sequence_parallel:
-        return gather_from_sequence_parallel_region(x, group=tp_group)
+        return sequence_gather(x, tp_group)
     if allreduce_dgrad:
         return copy_to_tensor_model_parallel_region(x, group=tp_group)
     return x
@@ -43,7 +92,16 @@ class ColumnLinear(ColumnParallelLinear):
 
 
 class RowLinear(RowParallelLinear):
-    """Row-parallel linear (attention out, FC2): partial sums, reduced by megatron's forward."""
+    """Row-parallel linear (attention out, FC2): partial sums, reduced by megatron's forward, or under
+    sequence parallelism reduce-scattered here."""
+
+    def forward(self, input_):
+        if not self.sequence_parallel or self.explicit_expert_comm:
+            return super().forward(input_)
+        out = sequence_reduce_scatter(self._forward_impl(input_, self.weight), self.tp_group)
+        if self.skip_bias_add or self.bias is None:
+            return out, self.bias if self.skip_bias_add else None
+        return out + self.bias, None
 
     def _forward_impl(self, input, weight, bias=None, **_):
         return self.matmul(input, weight, bias)
