@@ -102,13 +102,13 @@ class HostStaging:
 
     def __init__(self):
         self._buffers: list[torch.Tensor] = []
-        self._used, self._memo = 0, {}
+        self._used, self._memo, self._storages = 0, {}, {}
 
     def copy(self, tree):
         """`tree` (dicts, lists and tuples of tensors and plain values) with every tensor copied to host memory."""
-        self._used, self._memo = 0, {}
+        self._used, self._memo, self._storages = 0, {}, {}
         out = self._copy(tree)
-        self._memo = {}
+        self._memo, self._storages = {}, {}
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return out
@@ -117,7 +117,7 @@ class HostStaging:
         if id(tree) in self._memo:  # what the tree shares stays shared, as it is pickled (copy.deepcopy's memo)
             return self._memo[id(tree)]
         if torch.is_tensor(tree):
-            out = self._buffer(tree).copy_(tree, non_blocking=True)
+            out = self._tensor(tree)
         elif isinstance(tree, dict):
             out = {k: self._copy(v) for k, v in tree.items()}
         elif isinstance(tree, list):
@@ -129,11 +129,24 @@ class HostStaging:
         self._memo[id(tree)] = out
         return out
 
-    def _buffer(self, t: torch.Tensor) -> torch.Tensor:
+    def _tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """t on the host, as a view of the host copy of its storage: tensors that are views of one storage
+        (a flat state buffer and its parameters' slices) stay views of one, so torch.save writes the same
+        bytes as for the originals."""
+        storage = t.untyped_storage()
+        key = (storage.device, storage.data_ptr(), storage.nbytes())
+        host = self._storages.get(key) if storage.nbytes() else None
+        if host is None:
+            raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            host = self._buffer(raw.numel(), t.is_cuda).copy_(raw, non_blocking=True)
+            self._storages[key] = host
+        return torch.empty(0, dtype=t.dtype).set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
+
+    def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
         i, self._used = self._used, self._used + 1
-        if i < len(self._buffers) and self._buffers[i].shape == t.shape and self._buffers[i].dtype == t.dtype:
+        if i < len(self._buffers) and self._buffers[i].numel() == nbytes and self._buffers[i].is_pinned() == pinned:
             return self._buffers[i]
-        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+        buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         self._buffers[i:i + 1] = [buf]
         return buf
 

@@ -67,6 +67,25 @@ def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(d
         assert (saved["true"] / name).read_bytes() == (saved["false"] / name).read_bytes(), name
 
 
+def test_staged_views_of_one_storage_pickle_as_the_originals(tmp_path):
+    """Tensors that are views of one storage (a flat state buffer's slices, a transpose) are staged as views of
+    one host copy: torch.save writes the bytes it writes for the originals, and a second save into the same
+    buffers writes the new values."""
+    from infir.train.checkpoint import HostStaging
+
+    flat = torch.arange(12.0)
+    tree = {"a": flat[:4], "b": flat[4:].view(2, 4).t(), "n": 3, "same": flat[:4], "empty": torch.empty(0)}
+    tree["alias"] = tree["a"]
+    staging = HostStaging()
+    sync, staged = tmp_path / "sync" / "state.pt", tmp_path / "staged" / "state.pt"  # torch.save names its archive after the file
+    sync.parent.mkdir(), staged.parent.mkdir()
+    for _ in range(2):
+        torch.save(tree, sync)
+        torch.save(staging.copy(tree), staged)
+        assert staged.read_bytes() == sync.read_bytes()
+        flat.add_(1)
+
+
 # Runs infir-train with the writes of checkpoint iter_0000004 held up: it marks the file named first on the
 # command line when they begin, then waits to be killed.
 STALLED_WRITER = """
