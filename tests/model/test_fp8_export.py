@@ -141,13 +141,16 @@ def infir_fp8_weights(size: QwenSize, state: dict, recipe: str) -> dict[str, tor
     from infir.model import build_gpt, transformer_config
     from infir.model.fp8_linears import fp8_linears_of
 
+    # on a GPU host megatron's RoPE moves its table to the GPU whatever the model's device: run there
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     model = build_gpt(size, transformer_config(size, autocast_dtype=torch.bfloat16), get_recipe(recipe), seq_length=SEQ)
     load_into_model(model, state)
-    tokens = torch.randint(0, size.vocab, (1, SEQ), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        model(tokens, torch.arange(SEQ)[None], None)
+    model.to(device)
+    tokens = torch.randint(0, size.vocab, (1, SEQ), generator=torch.Generator().manual_seed(2)).to(device)
+    with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+        model(tokens, torch.arange(SEQ, device=device)[None], None)
     names = {id(m): n for n, m in model.named_modules()}
-    return {f"{names[id(m)]}.weight": dequantize(m.weight_cache.q) for m in fp8_linears_of(model)}
+    return {f"{names[id(m)]}.weight": dequantize(m.weight_cache.q).cpu() for m in fp8_linears_of(model)}
 
 
 @pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "fp8_blockwise_fp32", "fp8_tensorwise"])
