@@ -36,40 +36,28 @@ def _reduce_scatter(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
     return torch.ops._c10d_functional.wait_tensor(out)
 
 
-class _SequenceGather(torch.autograd.Function):
-    """Concatenation (dim 0) of every rank's sequence shard; backward: the reduce-scatter of the gradient."""
+class _SequenceCollective(torch.autograd.Function):
+    """gather=True: the concatenation (dim 0) of every rank's sequence shard, whose gradient is reduce-scattered;
+    gather=False: this rank's shard of the sum over ranks (reduce-scatter), whose gradient is all-gathered."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: str, world: int) -> torch.Tensor:
-        ctx.group, ctx.world = group, world
-        return _all_gather(x, group, world)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _reduce_scatter(grad, ctx.group, ctx.world), None, None
-
-
-class _SequenceReduceScatter(torch.autograd.Function):
-    """This rank's sequence shard (dim 0) of the sum over ranks; backward: the all-gather of the gradient."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: str, world: int) -> torch.Tensor:
-        ctx.group, ctx.world = group, world
-        return _reduce_scatter(x, group, world)
+    def forward(ctx, x: torch.Tensor, gather: bool, group: str, world: int) -> torch.Tensor:
+        ctx.gather, ctx.group, ctx.world = gather, group, world
+        return (_all_gather if gather else _reduce_scatter)(x, group, world)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _all_gather(grad, ctx.group, ctx.world), None, None
+        return (_reduce_scatter if ctx.gather else _all_gather)(grad, ctx.group, ctx.world), None, None, None
 
 
 def sequence_gather(x: torch.Tensor, tp_group) -> torch.Tensor:
     world = tp_group.size()
-    return x if world == 1 else _SequenceGather.apply(x, tp_group.group_name, world)
+    return x if world == 1 else _SequenceCollective.apply(x, True, tp_group.group_name, world)
 
 
 def sequence_reduce_scatter(x: torch.Tensor, tp_group) -> torch.Tensor:
     world = tp_group.size()
-    return x if world == 1 else _SequenceReduceScatter.apply(x, tp_group.group_name, world)
+    return x if world == 1 else _SequenceCollective.apply(x, False, tp_group.group_name, world)
 
 
 def column_input(x: torch.Tensor, *, allreduce_dgrad: bool, sequence_parallel: bool, tp_group) -> torch.Tensor:
