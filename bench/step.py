@@ -117,37 +117,77 @@ def classify(name: str) -> str:
     return "elementwise/other"
 
 
+PROFILED_STEPS = 3  # profiled back to back; the middle one is measured
+STEP_MARK = "bench_profiled_step_"
+
+
 def profile_step(trainer) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
+    """GPU time by kernel class and the exposed communication of one step in steady state: the middle of
+    three profiled steps. A lone profiled step ends with its parameter gathers and nothing beside them
+    (the next forward would run there), and starts with ranks that the profiler's start set apart."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     meter = PowerMeter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
-        trainer.train_step(trainer.step)
+        for i in range(PROFILED_STEPS):
+            with record_function(f"{STEP_MARK}{i}"):
+                trainer.train_step(trainer.step)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     meter.close()
     clock = meter.mean_clock(t0, t0 + wall)
-    print(f"profiled step wall time: {wall * 1e3:.1f} ms (profiler overhead included)"
+    print(f"profiled steps' wall time: {wall * 1e3 / PROFILED_STEPS:.1f} ms a step (profiler overhead included)"
           + ("" if clock is None else f"; mean SM clock {clock:.0f} MHz"), flush=True)
     host_report(prof)
+    kernels = kernel_spans(prof)
+    return step_profile(kernels, middle_step(prof, kernels))
+
+
+def kernel_spans(prof) -> list[tuple[str, int, int]]:
+    """(name, start, end) in us of every kernel in the profile (not the annotations over them)."""
+    return [(e.name, e.time_range.start, e.time_range.end) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+            and not _annotation(e)]
+
+
+def middle_step(prof, kernels: list[tuple[str, int, int]]) -> tuple[int, int]:
+    """The GPU span (us) of the middle profiled step: from the GPU-side start of its record_function range to
+    that of the next step. Without those GPU annotations: the middle third of the kernels' span."""
+    starts = {e.name: e.time_range.start for e in prof.events()
+              if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith(STEP_MARK)}
+    middle = PROFILED_STEPS // 2
+    lo, hi = starts.get(f"{STEP_MARK}{middle}"), starts.get(f"{STEP_MARK}{middle + 1}")
+    if lo is not None and hi is not None and hi > lo:
+        return lo, hi
+    a, b = min(k[1] for k in kernels), max(k[2] for k in kernels)
+    print("no GPU-side step annotations in the profile: the middle third of its span is measured", flush=True)
+    return a + (b - a) * middle // PROFILED_STEPS, a + (b - a) * (middle + 1) // PROFILED_STEPS
+
+
+def step_profile(kernels: list[tuple[str, int, int]], window: tuple[int, int]) -> dict[str, float]:
+    """Shares of the kernel time of the kernels (name, start, end) that start inside `window`, by class
+    (`classify`), with the all-gathers' share and the exposed communication (exposed_communication)."""
+    lo, hi = window
+    inside = [k for k in kernels if lo <= k[1] < hi]
     share: dict[str, float] = {}
-    kernels = []
-    for evt in prof.key_averages():
-        t = evt.device_time_total if hasattr(evt, "device_time_total") else evt.cuda_time_total
-        if t > 0 and evt.device_type == torch.autograd.DeviceType.CUDA and not _annotation(evt):
-            share[classify(evt.key)] = share.get(classify(evt.key), 0.0) + t
-            kernels.append((t, evt.count, evt.key))
+    by_name: dict[str, list] = {}
+    for name, a, b in inside:
+        share[classify(name)] = share.get(classify(name), 0.0) + (b - a)
+        entry = by_name.setdefault(name, [0, 0])
+        entry[0], entry[1] = entry[0] + (b - a), entry[1] + 1
     total = sum(share.values())
-    top = sorted(kernels, reverse=True)[:25]
+    if not total:
+        return {}
+    top = sorted(((t, n, k) for k, (t, n) in by_name.items()), reverse=True)[:25]
     print("top kernels (one step):\n" + "\n".join(f"  {100 * t / total:5.1f}% x{n:<4d} {k[:150]}" for t, n, k in top), flush=True)
     # GPU-busy time beside the step's wall time: their gap is time the GPU waited on the host
-    print(f"kernel time in the profiled step: {total / 1e3:.1f} ms", flush=True)
-    exposed = exposed_communication(prof)
+    print(f"kernel time in the measured step: {total / 1e3:.1f} ms", flush=True)
     out = {k: v / total for k, v in sorted(share.items(), key=lambda kv: -kv[1])}
-    gathers = sum(t for t, _, k in kernels if classify(k) == "communication" and "allgather" in k.lower())
+    gathers = sum(b - a for name, a, b in inside if classify(name) == "communication" and "allgather" in name.lower())
     if gathers:  # of the communication: the all-gathers (ZeRO-1's parameter gather, SP's activation gather)
         out["all-gather"] = gathers / total
+    exposed = exposed_communication(kernels, window)
     if exposed:  # of the kernel time: the step's GPU time waiting on a collective alone
         out["exposed communication"] = exposed / total
     return out
@@ -169,22 +209,16 @@ def _union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def exposed_communication(prof) -> float:
-    """How much of the collectives' kernel time (us) no compute kernel ran beside: the part of the
-    communication the step waits for. A collective's kernel also spans the wait for the slower rank,
-    so its own length overstates the wire time; the exposed part is what costs the step."""
-    comm, compute = [], []
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA or e.time_range.end <= e.time_range.start \
-                or _annotation(e):
-            continue
-        if classify(e.name) == "communication":
-            comm.append((e.name, e.time_range.start, e.time_range.end))
-        else:
-            compute.append((e.time_range.start, e.time_range.end))
+def exposed_communication(kernels: list[tuple[str, int, int]], window: tuple[int, int]) -> float:
+    """How much time (us) inside `window` a collective's kernel ran with no compute kernel beside it: the
+    communication the step waits for. Compute from outside the window counts as cover too (the next
+    step's forward beside this step's parameter gathers). A collective's kernel also spans the wait for
+    the slower rank, so its own length overstates the wire time; the exposed part is what costs the step."""
+    lo, hi = window
+    comm = [(n, max(a, lo), min(b, hi)) for n, a, b in kernels if classify(n) == "communication" and a < hi and b > lo]
     if not comm:
         return 0.0
-    busy = _union(compute)
+    busy = _union([(a, b) for n, a, b in kernels if classify(n) != "communication"])
     starts = [x for x, _ in busy]
 
     def uncovered(a: int, b: int) -> int:
@@ -197,18 +231,17 @@ def exposed_communication(prof) -> float:
 
     exposed = sum(uncovered(a, b) for a, b in _union([(a, b) for _, a, b in comm]))
     total = sum(b - a for _, a, b in comm)
-    print(f"communication kernels: {total / 1e3:.1f} ms in the profiled step, {exposed / 1e3:.1f} ms of it "
+    print(f"communication kernels: {total / 1e3:.1f} ms in the measured step, {exposed / 1e3:.1f} ms of it "
           f"with no compute kernel beside it (exposed)", flush=True)
-    print("exposed by collective and by tenth of the step (ms): " + exposed_by_op(comm, uncovered, busy), flush=True)
+    print("exposed by collective and by tenth of the step (ms): " + exposed_by_op(comm, uncovered, window), flush=True)
     return exposed
 
 
-def exposed_by_op(comm: list[tuple[str, int, int]], uncovered, busy: list[tuple[int, int]]) -> str:
+def exposed_by_op(comm: list[tuple[str, int, int]], uncovered, window: tuple[int, int]) -> str:
     """Where the exposed communication lies: per collective (ReduceScatter, AllGather, ...; overlapping
-    kernels of two collectives count for both) and in which tenth of the step's GPU span it starts,
-    which tells a gradient bucket left at the end of backward from a parameter gather the forward waits on."""
-    lo = min([a for a, _ in busy[:1]] + [a for _, a, _ in comm])
-    hi = max([b for _, b in busy[-1:]] + [b for _, _, b in comm])
+    kernels of two collectives count for both) and in which tenth of the step it starts, which tells a
+    gradient bucket left at the end of backward from a parameter gather the forward waits on."""
+    lo, hi = window
     per: dict[str, list[float]] = {}
     for name, a, b in comm:
         op = re.sub(r"^nccl(DevKernel_)?", "", name).split("_")[0] or name
@@ -224,9 +257,9 @@ def host_report(prof) -> None:
 
     cpu = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CPU]
     launches = sum(e.count for e in cpu if "LaunchKernel" in e.key or e.key.startswith("cuLaunch"))
-    print(f"kernel launches in the profiled step: {launches}", flush=True)
+    print(f"kernel launches in the profiled steps: {launches / PROFILED_STEPS:.0f} a step", flush=True)
     top = sorted(cpu, key=lambda e: e.self_cpu_time_total, reverse=True)[:20]
-    print("top host ops by self CPU time (one step):\n" + "\n".join(
+    print(f"top host ops by self CPU time ({PROFILED_STEPS} profiled steps):\n" + "\n".join(
         f"  {e.self_cpu_time_total / 1e3:8.1f} ms x{e.count:<6d} {e.key[:120]}" for e in top), flush=True)
     breaks = {k.splitlines()[0][:100]: n for k, n in counters["graph_break"].items()}
     print(f"dynamo so far in this process: {dict(counters['stats'])}, graph breaks: {breaks}", flush=True)
@@ -246,7 +279,7 @@ def gpu_gaps(prof, top: int = 6, min_ms: float = 0.5) -> None:
             gaps.append((a - end, end, a))
         end = max(end, b)
     idle = sum(g for g, _, _ in gaps if g >= min_ms * 1e3)
-    print(f"GPU idle inside the profiled step: {idle / 1e3:.1f} ms in gaps of >= {min_ms} ms", flush=True)
+    print(f"GPU idle inside the profiled steps: {idle / 1e3:.1f} ms in gaps of >= {min_ms} ms", flush=True)
     # many short gaps (a graph replay's start, a launch behind a full queue) can cost as much as the long ones
     print("GPU idle by gap length: " + ", ".join(
         f"{label}: {n} gaps, {t / 1e3:.2f} ms" for label, n, t in gap_histogram([g for g, _, _ in gaps])), flush=True)

@@ -42,10 +42,33 @@ def test_exposed_communication_counts_only_time_without_compute(capsys):
         _kernel("Optimizer.step#AdamW.step", 2900, 3500, annotation=True),  # a record_function span: not a kernel
         _kernel("cpu_op", 0, 5000, device=torch.autograd.DeviceType.CPU),
     ])
-    step.exposed_communication(prof)
+    step.exposed_communication(step.kernel_spans(prof), (0, 5000))
     out = capsys.readouterr().out
     # comm 1000 + 200 + 400 = 1600 us; exposed 600 + 0 + 400 = 1000 us
-    assert "communication kernels: 1.6 ms in the profiled step, 1.0 ms of it" in out, out
+    assert "communication kernels: 1.6 ms in the measured step, 1.0 ms of it" in out, out
+    assert "AllGather 1.0 [0.6 0.0 0.0 0.0 0.0 0.0 0.4 0.0 0.0 0.0]; ReduceScatter 0.0" in out, out
+
+
+def test_the_middle_of_three_profiled_steps_is_measured(capsys):
+    """Step 0 starts with an AllReduce waiting on the other ranks, step 1's parameter gathers end beside step 2's
+    forward: only step 1 counts, and its gathers are covered by the next step's compute."""
+    marks = [_kernel(f"{step.STEP_MARK}{i}", 1000 * i, 1000 * i + 900, annotation=True) for i in range(3)]
+    prof = SimpleNamespace(events=lambda: [
+        *marks,
+        _kernel("ncclDevKernel_AllReduce", 0, 300),          # step 0: alone (outside the measured step)
+        _kernel("gemm", 300, 900), _kernel("gemm", 1000, 1700),
+        _kernel("ncclDevKernel_ReduceScatter", 1700, 1800),  # step 1: the last bucket, alone
+        _kernel("adam_kernel", 1800, 1900),
+        _kernel("ncclDevKernel_AllGather", 1900, 2300),      # step 1's gathers: 100 alone, then beside step 2's gemm
+        _kernel("gemm", 2000, 2900),
+    ])
+    kernels = step.kernel_spans(prof)
+    assert step.middle_step(prof, kernels) == (1000, 2000)
+    shares = step.step_profile(kernels, (1000, 2000))
+    # kernel time of the step: gemm 700 + RS 100 + adam 100 + AG 400 (it starts in the step) = 1300
+    assert abs(shares["exposed communication"] - 200 / 1300) < 1e-9, shares
+    assert abs(shares["all-gather"] - 400 / 1300) < 1e-9, shares
+    assert "communication kernels: 0.2 ms in the measured step, 0.2 ms of it" in capsys.readouterr().out
 
 
 def test_gap_histogram_bins_every_gap_once():
