@@ -218,7 +218,7 @@ SECTIONS = [  # (heading, kinds shown: the newest run of each)
 
 
 LONG_TABLE = 8  # rows: after a run's first table, a longer one is named on the page, not shown (its result file has it)
-FIRST_TABLE = 9  # rows of a run's first table shown on the page; the rest are named (its result file has them)
+FIRST_TABLE = 8  # rows of a run's first table shown on the page; the rest are named (its result file has them)
 
 
 def run_block(run: Run, page_dir: Path) -> list[str]:
