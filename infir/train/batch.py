@@ -49,7 +49,7 @@ def to_model_inputs(batch: dict[str, torch.Tensor], device: torch.device, cp: in
 
     Rows whose positions restart (packed documents) or a context-parallel split come with a
     `DocumentLayout` as `packed_seq_params`, built on the host from the full rows' positions; plain
-    causal rows with None.
+    causal rows with None. `loss_tokens`: the sum of this rank's loss mask, counted on the host.
     """
     tokens = batch["tokens"]
     positions = batch["position_ids"] if "position_ids" in batch else torch.arange(tokens.shape[1]).expand_as(tokens)
@@ -60,7 +60,9 @@ def to_model_inputs(batch: dict[str, torch.Tensor], device: torch.device, cp: in
     def put(t, dtype):
         return (t if local is None else t[:, local]).to(device, dtype, non_blocking=True)
 
+    mine = loss_mask if local is None else loss_mask[:, local]
     return {
+        "loss_tokens": float(mine.sum()),
         "input_ids": put(tokens, torch.long),
         "position_ids": put(positions, torch.long),
         "labels": put(batch["labels"], torch.long),

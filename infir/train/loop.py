@@ -339,10 +339,13 @@ class Trainer:
 
     def _forward_backward(self, micro_batches: list[dict]) -> float:
         """Gradients of the global batch's token-mean loss in DDP's `main_grad`, reduced over DP; the loss."""
-        # Normalise by the global batch's loss tokens, so accumulation and DP give the exact token mean.
-        n_tokens = torch.stack([mb["loss_mask"].sum() for mb in micro_batches]).sum()
-        dist.all_reduce(n_tokens, group=self._dp_group())
-        n_tokens = n_tokens.clamp(min=1)
+        # Normalise by the global batch's loss tokens, so accumulation and DP give the exact token mean. Counted
+        # on the host and summed through gloo: a GPU collective here would queue behind the previous step's
+        # parameter all-gathers on the data-parallel communicator, and the forward would wait for all of them
+        # instead of for each layer's own bucket.
+        count = torch.tensor([sum(mb["loss_tokens"] for mb in micro_batches)], dtype=torch.float64)
+        dist.all_reduce(count, group=self._dp_group(gloo=True))
+        n_tokens = max(float(count), 1.0)
         self.model.zero_grad_buffer()
         loss_sum = torch.zeros((), device=self.device)
         for i, mb in enumerate(micro_batches):
@@ -376,10 +379,13 @@ class Trainer:
         self.optimizer.scale_grads(coef)
         return None
 
-    def _dp_group(self):
-        """The ranks whose tokens make up the global batch: data- and context-parallel."""
+    def _dp_group(self, gloo: bool = False):
+        """The ranks whose tokens make up the global batch: data- and context-parallel (gloo: megatron's host-side
+        group of them)."""
         from megatron.core import parallel_state as ps
 
+        if gloo:
+            return ps.get_data_parallel_group_gloo(with_context_parallel=True)
         return ps.get_data_parallel_group(with_context_parallel=True)
 
     def _grad_norm(self) -> float:

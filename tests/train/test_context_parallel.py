@@ -55,3 +55,20 @@ def test_cp2_matches_cp1_on_two_gpus_in_bf16(demo_root, tmp_path):
     got = curves(demo_root, tmp_path, {"cp1": (1, sft), "cp1_again": (1, [*sft, "seed=1235"]), "cp2": (2, [*sft, "parallel.cp=2"])})
     spread = max(abs(got["cp1"][s] - got["cp1_again"][s]) / got["cp1"][s] for s in got["cp1"])
     assert_same(got["cp1"], got["cp2"], rel=max(2 * spread, 1e-2))
+
+
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_each_context_parallel_rank_counts_its_own_loss_tokens_on_the_host(cp):
+    """`loss_tokens` (what the step sums over the ranks for its token mean, without a GPU collective) is each
+    rank's share of the loss mask: the shares add up to the batch's."""
+    import torch
+
+    from infir.train.batch import to_model_inputs
+
+    g = torch.Generator().manual_seed(0)
+    batch = {"tokens": torch.randint(0, 50, (2, 32), generator=g), "labels": torch.randint(0, 50, (2, 32), generator=g),
+             "loss_mask": (torch.rand(2, 32, generator=g) > 0.3).float()}
+    shares = [to_model_inputs(batch, torch.device("cpu"), cp, r) for r in range(cp)]
+    for share in shares:
+        assert isinstance(share["loss_tokens"], float) and share["loss_tokens"] == float(share["loss_mask"].sum())
+    assert sum(s["loss_tokens"] for s in shares) == float(batch["loss_mask"].sum())
