@@ -1,5 +1,6 @@
 """Data-parallel scaling from bench/step.py's result files: each case's tokens/s per GPU at DP=N against
-the same case on one GPU (DP=1), with the exposed communication of its profiled step.
+the same case on one GPU (DP=1), with the exposed communication of its profiled step (bench/step.py
+--profile: the middle of three).
 
     python3 bench/step.py ... --out OUT/step_dp1.md                                    # one process
     torchrun --nproc_per_node 2 bench/step.py ... --out OUT/step_dp2.md                # the same cases

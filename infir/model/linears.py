@@ -4,8 +4,9 @@ megatron's ColumnParallelLinear / RowParallelLinear route their matmul through `
 default a custom autograd Function (LinearWithGradAccumulationAndAsyncCommunication) that (a)
 re-enters autocast in backward for CUDA only, so BF16 autocast breaks on CPU, (b) is opaque to
 torch.compile's fusion, and (c) hard-wires a BF16 GEMM. We keep megatron's modules (parameters,
-initialisation, TP sharding, sequence-parallel reduce-scatter, checkpoint keys) and override only
-`_forward_impl`: the tensor-parallel communication on the input side, then `self.matmul`.
+initialisation, TP sharding, checkpoint keys) and override `_forward_impl` (the tensor-parallel
+communication on the input side, then `self.matmul`) and, under sequence parallelism, the row-parallel
+`forward` (its output's reduce-scatter, below).
 
 Communication:
 - sequence parallel: the column-parallel input is all-gathered from the sequence shards (backward:
