@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import bisect
 import gc
+import gzip
+import json
 import os
 import re
 import sys
@@ -40,6 +42,7 @@ from hf_peer import HF_PRECISIONS  # noqa: E402
 
 SPEC_PEAK = 989.0
 CLOCK_SAMPLE_MS = 0.0  # --clock-sample-ms: how often PowerMeter reads the SM clock (0: never)
+TRACE_DIR = None  # --trace: where profile_step writes each rank's GPU timeline (save_trace)
 
 
 def block_shapes(size, tp: int = 1) -> list[tuple[int, int]]:
@@ -121,7 +124,7 @@ PROFILED_STEPS = 3  # profiled back to back; the middle one is measured
 STEP_MARK = "bench_profiled_step_"
 
 
-def profile_step(trainer) -> dict[str, float]:
+def profile_step(trainer, label: str = "step") -> dict[str, float]:
     """GPU time by kernel class and the exposed communication of one step in steady state: the middle of
     three profiled steps. A lone profiled step ends with its parameter gathers and nothing beside them
     (the next forward would run there), and starts with ranks that the profiler's start set apart."""
@@ -141,7 +144,23 @@ def profile_step(trainer) -> dict[str, float]:
           + ("" if clock is None else f"; mean SM clock {clock:.0f} MHz"), flush=True)
     host_report(prof)
     kernels = kernel_spans(prof)
+    if TRACE_DIR:
+        save_trace(prof, trainer, label)
     return step_profile(kernels, middle_step(prof, kernels))
+
+
+def save_trace(prof, trainer, label: str) -> None:
+    """The profiled steps' GPU timeline of this rank, compact (a Chrome trace of them runs to tens of MB):
+    every kernel and GPU-side annotation as [name, stream, start_us, end_us], gzipped JSON in TRACE_DIR,
+    named by case and rank, for reading a step's overlap offline."""
+    rows = [[e.name, getattr(e, "device_resource_id", 0), e.time_range.start, e.time_range.end] for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    name = re.sub(r"[^\w.=+-]+", "_", label)
+    path = Path(TRACE_DIR) / f"{name}_rank{trainer.info.rank}.json.gz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump({"window_mark": STEP_MARK, "events": rows}, f)
+    print(f"GPU timeline of the profiled steps: {path}", flush=True)
 
 
 def kernel_spans(prof) -> list[tuple[str, int, int]]:
@@ -481,7 +500,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     row["GEMM_ceiling_TFLOP/s"] = ceiling
     row["MFU(ceiling)"] = tflops / ceiling
     if profile:
-        prof = profile_step(trainer)
+        prof = profile_step(trainer, f"{model}_{precision}_s{seq}_a{accum}")
         row["profile"] = prof
         if name == "bf16":
             # f: the share FP8 can speed up (block GEMMs, fwd + bwd; LM-head GEMMs taken out).
@@ -531,14 +550,17 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--clock-sample-ms", type=float, default=0.0,
                    help="also read the SM clock this often (ms) from a thread and print each step's mean")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="with --profile: write each rank's GPU timeline of the profiled steps to DIR (save_trace)")
     p.add_argument("--parallel", default="single", help="a conf/parallel name (tp2: launch 2 ranks with torchrun)")
     p.add_argument("--cases", nargs="*", default=None,
                    help="explicit MODEL:RECOMPUTE:PRECISION[+OVERRIDE,...] triples instead of the full cross "
                         "product (overrides: Hydra ones for that case); "
                         f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
-    global CLOCK_SAMPLE_MS
+    global CLOCK_SAMPLE_MS, TRACE_DIR
     CLOCK_SAMPLE_MS = args.clock_sample_ms
+    TRACE_DIR = args.trace
     rank = int(os.environ.get("RANK", "0"))
     reporting = rank == 0  # every rank runs every case; rank 0 reports
     if not reporting:  # the other ranks' own timings and profiles: a slow rank shows up in its log
