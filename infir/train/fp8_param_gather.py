@@ -103,13 +103,17 @@ class BucketFp8Gather:
             if w.hi > w.lo:
                 quantize_block_range(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.scale,
                                      fmt.scale_format, fmt.fmt, out=w.data.view(-1)[w.lo:w.hi])
-        lo = self.rank * self.share
-        works = [dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group, async_op=True)]
+        # the small gather of the other parameters first: the one started second waits on the communication
+        # stream for the first, and holds up the compute issued behind it (optimizer.py, `_start_next`)
+        works = []
         if self.others_len:
             own = [self.bucket.param_data[a:b] for a, b in self.segments[self.rank]]
             if own:
                 torch.cat(own, out=self.others_in[:sum(t.numel() for t in own)])
             works.append(dist.all_gather_into_tensor(self.others_out, self.others_in, group=self.group, async_op=True))
+        lo = self.rank * self.share
+        works.append(dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group,
+                                                 async_op=True))
         return works
 
     def finish(self, works: list) -> None:
@@ -141,9 +145,9 @@ def _blocks(shape) -> int:
 
 class Fp8ParamGather:
     """The FP8 gathers of every bucket that takes one: one all-reduce of every weight's block amaxes after
-    the step, then each bucket's quantization and gathers. One exchange, not one per bucket: a collective
-    between two buckets' steps would queue behind the gathers already started on the communication stream,
-    and the next bucket's step would wait for them."""
+    the step, then each bucket's quantization and gathers, as the forward comes to it. One exchange, not one
+    per bucket: a collective between two buckets' steps would queue behind the gathers already started on
+    the communication stream, and the next bucket's step would wait for them."""
 
     def __init__(self, buckets: list[BucketFp8Gather], group):
         self.buckets, self.group = {b.bucket: b for b in buckets}, group
@@ -157,16 +161,15 @@ class Fp8ParamGather:
             edge += b.blocks
         self.recipe = buckets[0].recipe
 
-    def start(self, order: list) -> dict:
-        """After every bucket's share is stepped: the block scales, then the gathers of the buckets in
-        `order` (those of them that take an FP8 gather), their works by bucket."""
+    def exchange_scales(self) -> None:
+        """After every bucket's share is stepped: the block scales of every weight, from their amaxes over
+        the ranks' shares (each bucket then starts its own gather, BucketFp8Gather.start)."""
         fmt = self.recipe.weight
         self.amax.zero_()
         for b in self.buckets.values():
             b.write_amax()
         dist.all_reduce(self.amax, op=dist.ReduceOp.MAX, group=self.group)
         self.scales.copy_(scale_from_amax(self.amax, get_format(fmt.fmt), fmt.scale_format))
-        return {bucket: self.buckets[bucket].start() for bucket in order if bucket in self.buckets}
 
 
 def fp8_targets(model: torch.nn.Module) -> tuple[dict, Recipe | None]:

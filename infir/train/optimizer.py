@@ -98,7 +98,8 @@ class DataParallelOptimizer:
             self.parts = [self._bucket_part(buffer, bucket, index, build, weight_decay)
                           for buffer in ddp.buffers for bucket in buffer.buckets]
         self.views = [v for part in self.parts for v in part.views]
-        self._pending: dict = {}  # bucket -> its parameter gather's works, from the step until a forward reads it
+        self._queue: list = []  # buckets whose parameter gather the last step queued and has not started
+        self._pending: dict = {}  # bucket -> its started parameter gather's works, until a forward reads it
         self._fp8: dict = {}  # bucket -> its BucketFp8Gather, where its FP8 weights cross as FP8 (gather_fp8_params)
         self._params_behind = False  # whether an FP8 gather left other ranks' elements of the parameters stale
         self._bucket_of = {p: part.bucket for part in self.parts if part.bucket is not None for p in part.bucket.params}
@@ -168,23 +169,42 @@ class DataParallelOptimizer:
 
     def step(self, lr: float, grads_in_dot_grad: bool, grad_scale: torch.Tensor | None = None) -> None:
         """Step every view at learning rate `lr` (`grad_scale`: the fused clipping of optimizers that
-        divide by it in their kernel); sharded, start each bucket's parameter gather behind its step.
-        Buckets hold the parameters last-used-first: they step from the last, so that the gathers
-        complete in the order the next forward reads them (`wait_for`, `overlap_gathers_with_forward`)."""
+        divide by it in their kernel); sharded, queue each bucket's parameter gather behind its step.
+        Buckets hold the parameters last-used-first: they step from the last, so that the queue is in the
+        order the next forward reads them. The first bucket's gather starts at once, beside the other
+        buckets' steps; each later one when the forward reaches the bucket before it (`wait_for`)."""
+        self._queue = []
         for part in reversed(self.parts):
             if part.optimizer is not None:
                 self._step_part(part, lr, grads_in_dot_grad, grad_scale)
             if part.bucket is not None:
-                if part.bucket not in self._fp8:
-                    self._pending[part.bucket] = [self._gather(part.bucket)]
+                self._queue.append(part.bucket)
                 for p in part.bucket.params:
                     p.gather_pending = True
+                if not self._fp8 and not self._pending:
+                    self._start_next()
         if self._fp8:
-            self._pending.update(self._fp8_gather.start([part.bucket for part in reversed(self.parts)]))
+            self._fp8_gather.exchange_scales()
             self._params_behind = True
+            self._start_next()
+
+    def _start_next(self) -> None:
+        """Start the gather of the next queued bucket. One gather runs ahead of the forward, never more: with
+        CUDA_DEVICE_MAX_CONNECTIONS=1 every stream's work enters the GPU through one queue, in the order it was
+        issued, and a collective waiting there for the one before it on the communication stream holds up the
+        compute issued after it (started all at once, the gathers ran one after another with the GPU
+        otherwise idle, and the forward began once the last of them was under way)."""
+        if self._queue:
+            bucket = self._queue.pop(0)
+            fp8 = self._fp8.get(bucket)
+            self._pending[bucket] = fp8.start() if fp8 is not None else [self._gather(bucket)]
 
     def wait_for(self, params) -> list:
-        """Wait for the pending gathers of the buckets holding `params`; the parameters they completed."""
+        """Wait for the gathers of the buckets holding `params` (starting them, and the queued ones before
+        them, where they have not started), then start the next; the parameters they completed."""
+        needed = {self._bucket_of.get(p) for p in params}
+        while needed.intersection(self._queue):
+            self._start_next()
         done, buckets = [], []
         for p in params:
             bucket = self._bucket_of.get(p)
@@ -200,6 +220,8 @@ class DataParallelOptimizer:
             done.extend(bucket.params)
             buckets.append(bucket)
         if done:
+            if not self._pending:
+                self._start_next()
             # The gather wrote the parameters through the bucket's buffer, which autograd does not see
             # as a write to them: their version counters say so, for what caches a weight by its version
             # (the FP8 weight caches, which then adopt the gathered FP8 weights where those came as such).
@@ -216,6 +238,8 @@ class DataParallelOptimizer:
     def finish_gathers(self) -> None:
         """Wait for every pending parameter gather, and gather the parameters in full where the FP8 gather
         left other ranks' elements behind (before weights are read or written outside a forward)."""
+        while self._queue:
+            self._start_next()
         self.wait_for([p for bucket in list(self._pending) for p in bucket.params])
         if self._params_behind:
             for fp8 in self._fp8.values():

@@ -121,9 +121,49 @@ def test_close_waits_for_the_gathers_the_last_step_started(demo_root, tmp_path):
         trainer = Trainer(compose(["logger=none", f"data.root={demo_root}", f"run_dir={tmp_path}", "stage.iters=2",
                                    "optimizer.distributed=true"]))   # ZeRO-1 over one rank: its gathers all the same
         trainer.train_step(0)
-        pending = [p for bucket in trainer.optimizer._pending for p in bucket.params]
+        opt = trainer.optimizer
+        pending = [p for bucket in [*opt._pending, *opt._queue] for p in bucket.params]
         assert pending and all(p.gather_pending for p in pending)
         trainer.close()
-        assert not trainer.optimizer._pending and not any(p.gather_pending for p in pending)
+        assert not opt._pending and not opt._queue and not any(p.gather_pending for p in pending)
+    finally:
+        distributed.shutdown()
+
+
+def test_the_parameter_gathers_run_one_bucket_ahead_of_the_forward(demo_root, tmp_path):
+    """The step starts the gather of the bucket the forward reads first; the forward starts each next one as
+    it takes the bucket before it, so that a gather is never started behind one the forward does not wait for
+    there and then (on a GPU it would hold up the compute queued behind it). Every bucket's gather has started
+    by the end of the forward, in order."""
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    try:
+        trainer = Trainer(compose(["logger=none", f"data.root={demo_root}", f"run_dir={tmp_path}", "stage.iters=2",
+                                   "optimizer.distributed=true", "optimizer.bucket_size=20000"]))
+        opt = trainer.optimizer
+        trainer.train_step(0)
+        order = [part.bucket for part in reversed(opt.parts)]
+        assert len(order) > 4 and list(opt._pending) == order[:1] and opt._queue == order[1:]
+        started, needed, held_up = [], set(), []
+        start, wait_for = opt._start_next, opt.wait_for
+
+        def recording_wait_for(params):
+            needed.clear()
+            needed.update(opt._bucket_of[p] for p in params if p in opt._bucket_of)
+            return wait_for(params)
+
+        def recording_start():
+            if opt._queue:
+                started.append(opt._queue[0])
+                # a started gather that this forward hook does not wait for
+                held_up.extend(b for b in opt._pending if b not in needed)
+            start()
+
+        opt._start_next, opt.wait_for = recording_start, recording_wait_for
+        trainer._forward(trainer._micro_batches(1)[0])
+        assert started == order[1:] and not held_up
+        trainer.close()
     finally:
         distributed.shutdown()
