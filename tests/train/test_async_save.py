@@ -24,8 +24,9 @@ WRITE_S = 1.0  # each file's write, slowed down
 def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(demo_root, tmp_path, monkeypatch, device):
     """With every file's write slowed to a second, an asynchronous save returns long before its files are
     written, and training steps on (changing the weights and states) while they are; the files it commits
-    hold the saved step's values, byte for byte those a synchronous save of the same step writes (on CUDA:
-    copied to pinned host buffers)."""
+    hold the saved step's values: byte for byte those a synchronous save of the same step writes on CPU; on
+    CUDA, where the synchronous save pickles device tensors and the asynchronous one their pinned host copies
+    (a storage's device is part of the pickle), the same tensors once loaded."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     from infir.train import checkpoint
@@ -64,7 +65,28 @@ def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(d
     assert files == sorted(p.name for p in saved["true"].iterdir()) and len(files) == 4, files
     assert took["false"] >= 3 * WRITE_S and took["true"] < WRITE_S, took
     for name in files:
-        assert (saved["true"] / name).read_bytes() == (saved["false"] / name).read_bytes(), name
+        if device == "cpu":
+            assert (saved["true"] / name).read_bytes() == (saved["false"] / name).read_bytes(), name
+        else:
+            a, b = (torch.load(saved[m] / name, map_location="cpu", weights_only=False) for m in ("true", "false"))
+            assert_same_tree(a, b, name)
+
+
+def assert_same_tree(a, b, where: str) -> None:
+    """Equal nested dicts/lists/tuples, tensors equal in dtype, shape and every element (NaNs included)."""
+    assert type(a) is type(b), where
+    if torch.is_tensor(a):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=where)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same_tree(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_tree(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
 
 
 def test_staged_views_of_one_storage_pickle_as_the_originals(tmp_path):
