@@ -80,6 +80,27 @@ def bench_ms(fn, warmup: int = 10, rep: int = 50, min_reps: int = 10) -> float:
                                          return_mode="median"))
 
 
+def slowest_rank_ms(fn, group, warmup: int, iters: int) -> float:
+    """ms per call of fn, which runs collectives over `group`: CUDA events around `iters` back-to-back calls
+    after `warmup` (every rank makes the same calls, so none waits on a collective another never starts), the
+    slowest rank's mean."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    dist.barrier(group=group)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    ms = torch.tensor([start.elapsed_time(end) / iters], device="cuda")
+    dist.all_reduce(ms, op=dist.ReduceOp.MAX, group=group)
+    return float(ms.item())
+
+
 def kernel_times_us(fn, reps: int = 5) -> dict[str, tuple[float, int]]:
     """GPU us and launches per run of fn, by kernel name, from torch.profiler (a CUDA graph's replay
     counts each of its kernels)."""

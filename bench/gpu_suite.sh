@@ -32,6 +32,8 @@
 #   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8 (with and
 #                                          without CUDA graphs), with and without sequence parallelism (+ profile;
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
+#   bash bench/gpu_suite.sh async-tp       bench/async_tp.py under torchrun, two GPUs: 7B's four GEMMs of a layer at TP=2,
+#                                          the NCCL collective then the GEMM vs symmetric-memory async TP, BF16 and FP8
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh gen-speed      bench/generate.py: infir-eval's HF backend generating with a random 0.5B, batch 64,
@@ -168,6 +170,9 @@ for stage in "$@"; do
         --md "$OUT/parallel_check_${N}gpu.md" -- model=small-180m data=synthetic precision=bf16 logger=none \
         stage.iters=40 stage.seq_length=2048 stage.global_batch=8 stage.micro_batch=2 stage.lr=3e-4 stage.min_lr=3e-5 \
         train.eval_interval=0 train.log_interval=1 ;;
+    async-tp)
+      run async_tp_7b python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/async_tp.py --model qwen2.5-7b \
+        --tokens 4096 --out "$OUT/async_tp_7b.md" ;;
     phases)
       for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p" --out "$OUT/phases_$p.md"; done ;;
     gen-speed)
@@ -183,7 +188,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check async-tp phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
   esac
 done
 exit $status

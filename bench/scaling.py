@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit, markdown_table  # noqa: E402
+from _common import emit, markdown_table, slowest_rank_ms  # noqa: E402
 from report import Run, is_number, load_run, load_runs, parallel, world_size  # noqa: E402
 from scaling_model import (  # noqa: E402
     BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
@@ -81,19 +81,7 @@ def time_collective(op: str, nbytes: int, group, ranks: int, warmup: int, iters:
     call = {"all_gather": lambda: dist.all_gather_into_tensor(full, shard, group=group),
             "reduce_scatter": lambda: dist.reduce_scatter_tensor(shard, full, group=group),
             "all_reduce": lambda: dist.all_reduce(full, group=group)}[op]
-    for _ in range(warmup):
-        call()
-    dist.barrier(group=group)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        call()
-    end.record()
-    end.synchronize()
-    slowest = torch.tensor([start.elapsed_time(end) / 1e3 / iters], device="cuda")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    return float(slowest.item())
+    return slowest_rank_ms(call, group, warmup, iters) / 1e3
 
 
 def measure(args) -> None:

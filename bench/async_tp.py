@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Can a sequence-parallel linear's collective hide behind its GEMM? The NCCL collective, then the GEMM (what
+infir runs), against torch's symmetric-memory async TP, which moves each rank's shard over NVLink with the
+copy engines (no SMs taken from the GEMM) and computes on the shards as they arrive; per GEMM of a layer.
+
+    torchrun --nproc-per-node 2 bench/async_tp.py --model qwen2.5-7b --tokens 4096 --out async_tp.md
+
+Column-parallel GEMMs (QKV, FC1): all-gather of the input's token shard, then X @ W^T. BF16 through
+torch.ops.symm_mem.fused_all_gather_matmul; FP8 (1x128 activations, 128x128 weights, scaled_mm) through
+symm_mem's pipelined all-gather-and-consume with infir's blockwise GEMM on each arriving shard, because
+torch's FP8 op takes tensor- or row-wise scales only. Row-parallel GEMMs (proj, FC2): X @ W^T, then the
+reduce-scatter over tokens; BF16 through fused_matmul_reduce_scatter, FP8 through the pipelined
+produce-and-all-to-all. The FP8 pipelined paths copy each shard's product once into the output (the BF16 ops
+write it in place). Times: CUDA events around back-to-back calls, the slowest rank's mean. `hidden`: the
+share of the shorter of collective and GEMM that the fused form saves against running them one after the
+other (1: fully hidden; below 0: slower than not overlapping at all).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import base_parser, emit, markdown_table, slowest_rank_ms  # noqa: E402
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp(min=1e-30))
+
+
+def fp8_operands(x: torch.Tensor, w: torch.Tensor):
+    """x quantized per 1x128 (scales row-major, so that token shards concatenate along dim 0) and w per
+    128x128 block with its scale in scaled_mm's layout, made once as the weight cache does."""
+    from infir.fp8 import quantize
+    from infir.fp8.gemm import scaled_mm_scale
+
+    qx, qw = quantize(x, "token", "ue8m0"), quantize(w, "block", "ue8m0")
+    return qx.data, qx.scale.contiguous(), qw.data, scaled_mm_scale(qw)
+
+
+def fp8_mm(data: torch.Tensor, scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    from infir.fp8.gemm import outer_dim_major, scaled_mm_blockwise
+
+    return scaled_mm_blockwise(data, outer_dim_major(scale), w, w_scale, "block", torch.bfloat16)
+
+
+def column_cases(tokens: int, k: int, n: int, group):
+    """(precision, gemm, collective, sequential, fused) callables of a column-parallel GEMM, and each form's
+    output for the agreement check."""
+    from torch.distributed._symmetric_memory import _pipelined_multi_all_gather_and_consume
+
+    world, name = group.size(), group.group_name
+    x = torch.randn(tokens // world, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    full = torch.empty(tokens, k, device="cuda", dtype=torch.bfloat16)
+    gather = lambda: dist.all_gather_into_tensor(full, x, group=group)  # noqa: E731
+    bf16 = ("bf16", lambda: full @ w.t(), gather, lambda: (gather(), full @ w.t())[1],
+            lambda: torch.ops.symm_mem.fused_all_gather_matmul(x, [w.t()], 0, name)[1][0])
+    data, scale, wq, ws = fp8_operands(x, w)
+    data_full = data.new_empty(tokens, k)
+    scale_full = scale.new_empty(tokens, scale.shape[1])
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    chunks = out.chunk(world)
+
+    def gather8():
+        dist.all_gather_into_tensor(data_full, data, group=group)
+        dist.all_gather_into_tensor(scale_full, scale, group=group)
+
+    def consume(shard, src):
+        chunks[src].copy_(fp8_mm(shard[0], shard[1], wq, ws))
+
+    def fused8():
+        _pipelined_multi_all_gather_and_consume([data, scale], consume, [data_full, scale_full], name)
+        return out
+
+    fp8 = ("fp8", lambda: fp8_mm(data_full, scale_full, wq, ws), gather8,
+           lambda: (gather8(), fp8_mm(data_full, scale_full, wq, ws))[1], fused8)
+    return [bf16, fp8]
+
+
+def row_cases(tokens: int, k: int, n: int, group):
+    """As column_cases, for a row-parallel GEMM and the reduce-scatter of its product over tokens."""
+    from torch.distributed._symmetric_memory import _pipelined_produce_and_all2all
+
+    world, name = group.size(), group.group_name
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    y = x @ w.t()
+    mine = torch.empty(tokens // world, n, device="cuda", dtype=torch.bfloat16)
+    scatter = lambda: dist.reduce_scatter_tensor(mine, y, group=group)  # noqa: E731
+    bf16 = ("bf16", lambda: x @ w.t(), scatter, lambda: (dist.reduce_scatter_tensor(mine, x @ w.t(), group=group), mine)[1],
+            lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, name))
+    # each destination rank's tokens quantized on their own: per-token scales, so the same bytes as the whole
+    parts = [fp8_operands(c, w) for c in x.chunk(world)]
+    wq, ws = parts[0][2], parts[0][3]
+    data = torch.cat([p[0] for p in parts])
+    scale = torch.cat([p[1] for p in parts])
+    partials = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+
+    def produce(dst, out):
+        out.copy_(fp8_mm(parts[dst][0], parts[dst][1], wq, ws))
+
+    def fused8():
+        _pipelined_produce_and_all2all(produce, partials, name)
+        return partials.view(world, tokens // world, n).sum(0)
+
+    fp8 = ("fp8", lambda: fp8_mm(data, scale, wq, ws), lambda: dist.reduce_scatter_tensor(mine, y, group=group),
+           lambda: (dist.reduce_scatter_tensor(mine, fp8_mm(data, scale, wq, ws), group=group), mine)[1], fused8)
+    return [bf16, fp8]
+
+
+def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, iters: int) -> list[dict]:
+    rows = []
+    for precision, mm, comm, seq, fused in side(tokens, k, n, group):
+        t = {key: slowest_rank_ms(fn, group, warmup, iters) for key, fn in
+             (("gemm", mm), ("collective", comm), ("sequential", seq), ("fused", fused))}
+        agree = rel_diff(fused(), seq())
+        saved = t["sequential"] - t["fused"]
+        rows.append({"GEMM": gemm, "precision": precision, "tokens x K x N": f"{tokens}x{k}x{n}",
+                     "gemm ms": t["gemm"], "collective ms": t["collective"], "sequential ms": t["sequential"],
+                     "fused ms": t["fused"], "speedup": t["sequential"] / t["fused"],
+                     "hidden": saved / min(t["gemm"], t["collective"]), "fused vs sequential (rel.)": agree})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> None:
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-7b")
+    p.add_argument("--tokens", type=int, default=4096, help="tokens of one micro-batch (all TP ranks together)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args()
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not torch.cuda.is_available():
+        sys.exit("async_tp.py: needs two or more GPUs under torchrun: "
+                 "torchrun --nproc-per-node 2 bench/async_tp.py --out FILE.md")
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    group = dist.group.WORLD
+    from infir.model.qwen import get_size
+
+    size, tp = get_size(args.model), group.size()
+    d, kv, f = size.hidden, size.kv_heads * size.head_dim, size.ffn
+    shapes = [("QKV", column_cases, d, (d + 2 * kv) // tp), ("FC1", column_cases, d, 2 * f // tp),
+              ("proj", row_cases, d // tp, d), ("FC2", row_cases, f // tp, d)]
+    torch.manual_seed(dist.get_rank())
+    rows = [r for gemm, side, k, n in shapes for r in measure(gemm, side, args.tokens, k, n, group, args.warmup, args.iters)]
+    if dist.get_rank() == 0:
+        emit("Sequence-parallel collective beside its GEMM: NCCL then GEMM vs symmetric-memory async TP "
+             "(bench/async_tp.py)",
+             [f"{args.model}, TP={tp} (one GPU per rank), {args.tokens} tokens a micro-batch; NVLink multicast off "
+              f"(TORCH_SYMM_MEM_DISABLE_MULTICAST={os.environ.get('TORCH_SYMM_MEM_DISABLE_MULTICAST', 'unset')})",
+              markdown_table(rows)], args.out)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
