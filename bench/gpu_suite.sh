@@ -128,8 +128,10 @@ for stage in "$@"; do
         --out "$OUT/step_dp1_a$ACCUM.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0
       BASELINE=("$M:bf16+$OLD" "$M:fp8_blockwise_ue8m0+$OLD")
       [ "${DP_BASELINE:-1}" = 0 ] && BASELINE=()  # DP_BASELINE=0: the sharded cases only
+      # TRACE=1: each rank's GPU timeline of the profiled steps too (bench/step.py --trace)
       run "step_dp${N}_a$ACCUM" python3 -m torch.distributed.run --standalone --nproc_per_node "$N" bench/step.py \
         --seq 4096 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_dp${N}_a$ACCUM.md" \
+        ${TRACE:+--trace "$OUT/trace_dp${N}_a$ACCUM"} \
         --cases $M:bf16 $M:fp8_blockwise_ue8m0 "$M:fp8_blockwise_ue8m0+optimizer.fp8_param_gather=true" "${BASELINE[@]}"
       run "dp_scaling_a$ACCUM" python3 bench/dp_scaling.py --one "$OUT/step_dp1_a$ACCUM.json" \
         --many "$OUT/step_dp${N}_a$ACCUM.json" --out "$OUT/dp_scaling_a$ACCUM.md" ;;
