@@ -41,6 +41,15 @@ def _on_gpu(choice, device: torch.device) -> bool:
     return device.type == "cuda" if choice == "auto" else bool(choice)
 
 
+# A compiled layer's sequence-parallel collectives are functional ops, each a start and a wait. Inductor
+# places the wait right after the start, before GEMMs that do not need its result, which the FP8 core
+# issues between them so that they overlap (dX's reduce-scatter around wgrad, X^T's gather around dgrad):
+# every collective of a layer then ran with no GEMM beside it. These passes move each wait down to the first
+# use of its result and each start up to where its input is ready.
+OVERLAP_COLLECTIVES = {"reorder_for_compute_comm_overlap": True,
+                       "reorder_for_compute_comm_overlap_passes": ["sink_waits", "raise_comms"]}
+
+
 def compile_mode(choice: str, recipe, recompute: str, device: torch.device) -> str:
     """torch.compile's mode for each layer; auto: CUDA graphs (reduce-overhead) where the recipe asks for
     them (the blockwise FP8 recipes: their layers issue more kernels than BF16's around shorter GEMMs, so
@@ -90,10 +99,11 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
         # reduce-overhead adds CUDA graphs: for steps where issuing a layer's kernels from
         # Python takes longer than running them (compile_mode above)
         mode = compile_mode(cfg.model.compile_mode, recipe, cfg.model.recompute, device)
+        # the mode's inductor options, as torch itself lists them, with the collectives' overlap
+        options = {**torch._inductor.list_mode_options(mode), **OVERLAP_COLLECTIVES}
         for layer in model.decoder.layers:
-            layer.compile(mode=None if mode == "default" else mode)
-        # whether torch.compile's mode replays CUDA graphs, as torch itself lists it (validate needs it)
-        graphed = bool(torch._inductor.list_mode_options(mode).get("triton.cudagraphs"))
+            layer.compile(options=options)
+        graphed = bool(options.get("triton.cudagraphs"))  # validate needs it
     if cfg.optimizer.grad_release:
         return NoDataParallel(model), graphed
     from megatron.core.distributed import DistributedDataParallel
