@@ -45,7 +45,8 @@
 #                                          torchrun on every visible GPU (groups of 2, 4, ..), then the projection to 8-512
 #                                          H100s (scaling.md/.json/.png) and the model against every measured step
 #                                          (scaling_validate): run it after the stages whose steps it should validate
-# Several stages may be named in one call. Each stage's log, report (NAME.md) and result file (NAME.json: the
+# TRACE=1: dp-scaling and step-7b-tp2 also write each rank's GPU timeline of the profiled steps (bench/step.py
+# --trace; read them with bench/trace_view.py). Several stages may be named in one call. Each stage's log, report (NAME.md) and result file (NAME.json: the
 # report's figures with device, versions, commit, date and command; parity also NAME.png) go to $OUT, by default
 # bench/results/<date>-<commit>/, the folder for this run (where $OUT is elsewhere, copy them there); then
 # `python3 bench/report.py` regenerates BENCHMARKS.md from every run under bench/results/. Where megatron-core or Hydra is not
@@ -128,7 +129,6 @@ for stage in "$@"; do
         --out "$OUT/step_dp1_a$ACCUM.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0
       BASELINE=("$M:bf16+$OLD" "$M:fp8_blockwise_ue8m0+$OLD")
       [ "${DP_BASELINE:-1}" = 0 ] && BASELINE=()  # DP_BASELINE=0: the sharded cases only
-      # TRACE=1: each rank's GPU timeline of the profiled steps too (bench/step.py --trace)
       run "step_dp${N}_a$ACCUM" python3 -m torch.distributed.run --standalone --nproc_per_node "$N" bench/step.py \
         --seq 4096 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_dp${N}_a$ACCUM.md" \
         ${TRACE:+--trace "$OUT/trace_dp${N}_a$ACCUM"} \
@@ -156,7 +156,7 @@ for stage in "$@"; do
     step-7b-tp2)
       NOSP=parallel.sequence_parallel=false
       run step_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
-        --seq 4096 --mbs 1 --steps 7 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2.md" \
+        --seq 4096 --mbs 1 --steps 7 --accum "$ACCUM" --profile --out "$OUT/step_7b_tp2.md" ${TRACE:+--trace "$OUT/trace_7b_tp2"} \
         --cases qwen2.5-7b:none:bf16 qwen2.5-7b:none:fp8_blockwise_ue8m0 qwen2.5-7b:none:fp8_blockwise_ue8m0+model.compile_mode=default \
                 "qwen2.5-7b:none:bf16+$NOSP" "qwen2.5-7b:none:fp8_blockwise_ue8m0+$NOSP" ;;
     step-7b-tp2dp2)
