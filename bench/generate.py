@@ -5,13 +5,15 @@ writes the prompts) and times `HFBackend.generate` as `infir-eval run` calls it 
 temperature 0.65, top-p 0.95), in modes:
   baseline    dynamic KV cache, sequences generated in the prompts' order
   sorted      dynamic KV cache, sequences batched by prompt length
-  static      batched by length, static KV cache, decode step compiled with CUDA graphs (the GPU default;
-              on a CPU not compiled)
+  static      batched by length, static KV cache, infir's decoder (infir.eval.decode: each token's step,
+              sampling included, one compiled call with CUDA graphs; the GPU default; on a CPU not compiled)
+  hf-static   the same batches through transformers' generate with its static cache and compiled forward
+              (what HFBackend ran before infir's decoder), called directly on the model
   continuous  transformers' continuous batching (`generate_batch`, its own scheduler and paged cache), called
               directly on the same prompts: the scheduling nearest vLLM's that transformers has
 The prompts are random text of --prompt-tokens lengths (uniform) in the chat template. Every sequence
-generates exactly --new-tokens tokens (the end tokens are masked until then, as vLLM's ignore_eos), so every
-mode counts the same tokens. Each mode first runs one untimed call over the longest prompts (one batch):
+generates exactly --new-tokens tokens (transformers' modes mask the end tokens until then; infir's decoder
+is given no end token, as vLLM's ignore_eos), so every mode counts the same tokens. Each mode first runs one untimed call over the longest prompts (one batch):
 kernels, compilation, CUDA graphs; its time is the `warm-up s` column.
 
     python bench/generate.py --device cpu --sizes tiny --batch 8 --prompts 16 --new-tokens 32 --modes baseline sorted
@@ -35,6 +37,7 @@ from _common import base_parser, emit, markdown_table  # noqa: E402
 MODES = {"baseline": {"cache": "dynamic", "sort_by_length": False},
          "sorted": {"cache": "dynamic", "sort_by_length": True},
          "static": {"cache": "static", "sort_by_length": True},
+         "hf-static": None,
          "continuous": None}
 # Published vLLM figures, searched for a same-size model at a batch that compares; none was found.
 VLLM_NOTE = ("vLLM: no published throughput of a 0.5B model under batched decoding was found to set beside these "
@@ -111,6 +114,36 @@ def measure_continuous(model, tokenizer, texts: list[str], sampling, device: str
     return warm, seconds, sum(len(o.generated_tokens) for o in out.values())
 
 
+def measure_hf_static(model, tokenizer, texts: list[str], sampling, device: str, batch: int) -> tuple[float, float, int]:
+    """The same for transformers' generate with its static cache and compiled forward, over the prompts in
+    length order, `batch` sequences a call, the cache sized as HFBackend sizes it."""
+    from infir.eval.backends import CACHE_LEN_MULTIPLE
+
+    ids = sorted(tokenizer(texts, add_special_tokens=False)["input_ids"], key=len)
+    rows = [x for x in ids for _ in range(sampling.n)]
+    cache_len = -(-(len(rows[-1]) + sampling.max_new_tokens) // CACHE_LEN_MULTIPLE) * CACHE_LEN_MULTIPLE
+
+    def run(chunk_rows, seed):
+        torch.manual_seed(seed)
+        tokens = 0
+        for start in range(0, len(chunk_rows), batch):
+            enc = tokenizer.pad({"input_ids": chunk_rows[start:start + batch]}, padding_side="left",
+                                return_tensors="pt").to(device)
+            out = model.generate(**enc, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 top_k=None, max_new_tokens=sampling.max_new_tokens,
+                                 min_new_tokens=sampling.max_new_tokens, cache_implementation="static",
+                                 max_cache_len=cache_len, pad_token_id=tokenizer.pad_token_id)
+            tokens += out.shape[0] * (out.shape[1] - enc["input_ids"].shape[1])
+        return tokens
+
+    warm, _ = timed(lambda: run(rows[-batch:], 0), device)
+    seconds, tokens = timed(lambda: run(rows, 1), device)
+    return warm, seconds, tokens
+
+
+DIRECT = {"hf-static": measure_hf_static, "continuous": measure_continuous}  # modes called on the model itself
+
+
 def measure(model_dir: Path, tokenizer, mode: str, texts: list[str], sampling, args) -> dict:
     from infir.eval.backends import HFBackend
 
@@ -118,10 +151,14 @@ def measure(model_dir: Path, tokenizer, mode: str, texts: list[str], sampling, a
         torch.cuda.reset_peak_memory_stats()
     options = MODES[mode] or {"cache": "dynamic"}
     backend = HFBackend(model_dir, tokenizer, device=args.device, dtype=args.dtype, batch_size=args.batch, **options)
-    # every sequence runs its full length: the stop tokens are masked until max_new_tokens
+    # every sequence runs its full length: transformers' generate masks the end tokens until max_new_tokens,
+    # and infir's decoder is given an end token that no sequence holds
     backend.model.generation_config.min_new_tokens = sampling.max_new_tokens
-    if MODES[mode] is None:
-        warm, seconds, tokens = measure_continuous(backend.model, tokenizer, texts, sampling, args.device, args.batch)
+    if backend.decoder is not None:
+        backend.stop_ids = [-1]
+        backend.decoder.stops = torch.tensor(backend.stop_ids, device=backend.model.device)
+    if mode in DIRECT:
+        warm, seconds, tokens = DIRECT[mode](backend.model, tokenizer, texts, sampling, args.device, args.batch)
     else:
         warm, seconds, tokens = measure_backend(backend, texts, sampling)
     peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
@@ -132,7 +169,7 @@ def measure(model_dir: Path, tokenizer, mode: str, texts: list[str], sampling, a
     steps = -(-len(texts) * sampling.n // args.batch) * sampling.max_new_tokens
     row = {"mode": mode, "dtype": dtype, "batch": args.batch, "sequences": len(texts) * sampling.n,
            "new tokens": tokens, "seconds": seconds, "tokens/s": tokens / seconds,
-           "ms/step": 1e3 * seconds / steps if MODES[mode] is not None else None, "warm-up s": warm, "peak GiB": peak}
+           "ms/step": 1e3 * seconds / steps if mode != "continuous" else None, "warm-up s": warm, "peak GiB": peak}
     return {k: v for k, v in row.items() if v is not None}  # a blank cell: not measured in this mode
 
 
@@ -180,8 +217,8 @@ def main() -> None:
     import transformers
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    notes = (f"transformers {transformers.__version__}; infir.eval.backends.HFBackend (continuous: the model's "
-             f"generate_batch); {len(texts)} prompts x {args.n} samples, prompt tokens {min(lengths)}-{max(lengths)} "
+    notes = (f"transformers {transformers.__version__}; infir.eval.backends.HFBackend (hf-static: the model's "
+             "generate with a static cache; continuous: its generate_batch); {len(texts)} prompts x {args.n} samples, prompt tokens {min(lengths)}-{max(lengths)} "
              f"(mean {sum(lengths) / len(lengths):.0f}), exactly {args.new_tokens} new tokens per sequence, "
              "temperature 0.65, top-p 0.95, random weights; ms/step: seconds over generate calls x new tokens; "
              f"torch CPU threads {torch.get_num_threads()}, host load average {load} (1/5/15 min).")

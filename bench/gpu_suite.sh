@@ -38,8 +38,8 @@
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh gen-speed      bench/generate.py: infir-eval's HF backend generating with a random 0.5B, batch 64,
 #                                          128 prompts of 100-600 tokens x 1024 new tokens: dynamic cache in the given
-#                                          order, batched by length, static cache + compiled decode step, and
-#                                          transformers' continuous batching
+#                                          order, batched by length, static cache + infir's compiled decode step,
+#                                          transformers' own static-cache generate, and its continuous batching
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 do not fit its memory)
 #   bash bench/gpu_suite.sh scaling        bench/scaling.py: all-gather / reduce-scatter / all-reduce bus bandwidth under
 #                                          torchrun on every visible GPU (groups of 2, 4, ..), then the projection to 8-512

@@ -3,8 +3,9 @@
 - `VLLMBackend`: vLLM's offline `LLM.generate` (GPU, tensor parallel, continuous batching). The
   engine and its SamplingParams class can be passed in, which is how tests run this path without
   vLLM (a fake engine with vLLM's `generate(prompts, params) -> [RequestOutput]` shape).
-- `HFBackend`: `transformers` `generate` with left padding, on CPU or GPU, for hosts without vLLM: sequences
-  batched by prompt length, and on a GPU a static KV cache with a compiled decode step. Block-FP8
+- `HFBackend`: a `transformers` model with left padding, on CPU or GPU, for hosts without vLLM: sequences
+  batched by prompt length; on a GPU a static KV cache with infir's compiled decode step (decode.py), else
+  transformers' `generate`. Block-FP8
   checkpoints (`infir-convert mcore-to-hf --fp8`, DeepSeek-V3's and Qwen3's FP8 releases) load through
   transformers' FineGrainedFP8 (`_fp8_load_kwargs`).
 `make_backend("auto", ...)` picks vLLM when it is importable and a GPU is present.
@@ -21,6 +22,7 @@ from typing import Protocol
 import torch
 
 from infir.eval.benchmarks import Sampling
+from infir.eval.decode import StaticDecoder
 
 
 @dataclass(frozen=True)
@@ -64,10 +66,11 @@ def _torch_dtype(name: str, device: str) -> torch.dtype:
 
 
 class HFBackend:
-    """`transformers` generate over (prompt, sample) sequences, `batch_size` a call. Sequences are batched
+    """A `transformers` model over (prompt, sample) sequences, `batch_size` a call. Sequences are batched
     by prompt length (`sort_by_length`), so a call pads little, and come back in the prompts' order. On a
-    GPU the KV cache is static (`cache="static"`) and the decode step is compiled with CUDA graphs, which
-    removes the per-token launch overhead that bounds a small model's decoding.
+    GPU the KV cache is static (`cache="static"`) and decode.StaticDecoder runs each token's step, sampling
+    included, as one compiled call with CUDA graphs, which removes the per-token host work that bounds a
+    small model's decoding; with a dynamic cache, transformers' `generate`.
 
     Why not transformers' continuous batching (`generate_batch`), the scheduling nearest vLLM's: it has no
     per-request seed, one generator serves whatever shares a decode step, so a sample depends on the
@@ -96,6 +99,8 @@ class HFBackend:
             raise ValueError(f"HFBackend: the tokenizer at {model_dir} defines no end-of-turn token; set eos_token")
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]
+        self.decoder = StaticDecoder(self.model, self.stop_ids, self.pad_id, self.compile) if self.cache == "static" \
+            else None
 
     @torch.inference_mode()
     def generate(self, prompts: list[str], sampling: Sampling, seed: int) -> list[list[Completion]]:
@@ -113,18 +118,25 @@ class HFBackend:
 
     def _generate_rows(self, rows: list[list[int]], sampling: Sampling, cache_len: int) -> torch.Tensor:
         """The new tokens of one generate call over left-padded rows, [rows, new tokens] on the CPU."""
-        enc = self.tokenizer.pad({"input_ids": rows}, padding_side="left", return_tensors="pt").to(self.device)
+        if self.decoder is not None:
+            # A call's rows fill the batch (the last chunk repeats its last row) and its cache is sized to the
+            # whole generate() call's longest sequence, rounded up: the calls, and later ones no longer, share
+            # one shape and so one compiled decode step.
+            fill = self.batch_size - len(rows) if self.decoder.compile else 0
+            enc = self._pad(rows + rows[-1:] * fill)
+            return self.decoder.generate(enc["input_ids"], enc["attention_mask"], sampling.max_new_tokens,
+                                         sampling.temperature, sampling.top_p, cache_len)[:len(rows)].cpu()
+        enc = self._pad(rows)
         greedy = sampling.temperature == 0
-        # The static cache is sized to the whole generate() call's longest sequence, rounded up: its calls,
-        # and later ones no longer, share one cache shape and so one compiled decode step.
-        static = {"cache_implementation": "static", "max_cache_len": cache_len,
-                  "disable_compile": not self.compile} if self.cache == "static" else {}
         out = self.model.generate(
             **enc, do_sample=not greedy, temperature=None if greedy else sampling.temperature,
             top_p=None if greedy else sampling.top_p, top_k=None, max_new_tokens=sampling.max_new_tokens,
-            eos_token_id=self.stop_ids, pad_token_id=self.pad_id, **static,
+            eos_token_id=self.stop_ids, pad_token_id=self.pad_id,
         )
         return out[:, enc["input_ids"].shape[1]:].cpu()
+
+    def _pad(self, rows: list[list[int]]) -> dict:
+        return self.tokenizer.pad({"input_ids": rows}, padding_side="left", return_tensors="pt").to(self.device)
 
     def _completion(self, tokens: torch.Tensor, max_new_tokens: int) -> Completion:
         stops = torch.isin(tokens, torch.tensor(self.stop_ids))
@@ -159,8 +171,8 @@ def check_cache_options(cache: str, compile: bool | None) -> None:
     if cache not in CACHES:
         raise ValueError(f"backend.cache must be one of {', '.join(CACHES)}; got {cache!r}")
     if compile and cache == "dynamic":
-        raise ValueError("backend.compile=true needs backend.cache=static (transformers compiles the decode step "
-                         "only over a static cache); set backend.cache=static, or backend.compile=false")
+        raise ValueError("backend.compile=true needs backend.cache=static (the decode step is compiled only over "
+                         "a static cache); set backend.cache=static, or backend.compile=false")
 
 
 def _cache_and_compile(cache: str, compile: bool | None, device: str) -> tuple[str, bool]:

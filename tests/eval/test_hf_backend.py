@@ -42,21 +42,31 @@ def test_sorted_batches_return_the_prompts_order_and_unsorted_tokens(lively_mode
 
 
 def test_static_cache_gives_the_dynamic_cache_greedy_tokens(lively_model_dir):
+    """The static cache runs infir's decoder (decode.py), not transformers' generate, and stops where
+    generate does: its greedy tokens, stop tokens and finish reasons are the dynamic cache's."""
     dynamic, static = backend(lively_model_dir, cache="dynamic"), backend(lively_model_dir, cache="static", compile=False)
     assert (dynamic.cache, static.cache, static.compile) == ("dynamic", "static", False)
     first = dynamic.generate(PROMPTS, GREEDY, seed=0)
     # a stop id the model reaches: one prompt stops early, the others run out of tokens
     stop = dynamic.tokenizer(first[0][0].text, add_special_tokens=False)["input_ids"][2]
     dynamic.stop_ids = static.stop_ids = [stop]
-    caches = []
-    generate = static.model.generate
-    static.model.generate = lambda **kw: caches.append(kw.get("cache_implementation")) or generate(**kw)
+    static.decoder.stops = torch.tensor([stop])
+    static.model.generate = None  # would fail if reached
     want, got = dynamic.generate(PROMPTS, GREEDY, seed=0), static.generate(PROMPTS, GREEDY, seed=0)
-    assert caches == ["static"] * 4  # 10 sequences in calls of 3
     assert got == want
     reasons = {c.finish_reason for completions in got for c in completions}
     assert reasons == {"stop", "length"}
     assert got[0][0].finish_reason == "stop" and got[0][0].num_tokens <= 3
+
+
+def test_static_cache_sampling_is_seeded_and_draws_from_the_nucleus(lively_model_dir):
+    static = backend(lively_model_dir, cache="static", compile=False)
+    sampling = Sampling(n=3, temperature=0.65, top_p=0.95, max_new_tokens=6)
+    runs = [static.generate(PROMPTS, sampling, seed=s) for s in (1, 1, 2)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
+    # at a temperature this high every row is a draw: a prompt's samples differ
+    hot = Sampling(n=3, temperature=5.0, top_p=1.0, max_new_tokens=6)
+    assert all(len({c.text for c in completions}) > 1 for completions in static.generate(PROMPTS, hot, seed=0))
 
 
 def test_sampled_sequences_are_seeded(lively_model_dir):
@@ -91,9 +101,9 @@ def test_compile_on_cpu_is_refused_before_the_model_loads(lively_model_dir, monk
 
 @pytest.mark.gpu
 def test_static_compiled_decoding_on_gpu(lively_model_dir):
-    """On CUDA the default is a static cache with a compiled decode step: its greedy tokens are the dynamic
-    cache's (FP32, so kernels' rounding does not flip an argmax), and later generate() calls of the same
-    shapes reuse the compiled step."""
+    """On CUDA the default is a static cache with infir's compiled decode step: its greedy tokens are the
+    dynamic cache's (FP32, so kernels' rounding does not flip an argmax), later generate() calls of the same
+    shapes reuse the compiled step, and its draws are seeded."""
     from transformers import AutoTokenizer
 
     from torch._dynamo.utils import counters
@@ -110,3 +120,7 @@ def test_static_compiled_decoding_on_gpu(lively_model_dir):
     for _ in range(2):
         assert compiled.generate(PROMPTS[:4], sampling, seed=0) == dynamic.generate(PROMPTS[:4], sampling, seed=0)
     assert counters["frames"]["ok"] == compiled_frames, "a later generate() call compiled the decode step again"
+    # sampling inside the CUDA graphs: a seed redraws the same tokens, another seed others
+    hot = Sampling(n=2, temperature=1.5, top_p=0.95, max_new_tokens=16)
+    runs = [compiled.generate(PROMPTS[:4], hot, seed=s) for s in (3, 3, 4)]
+    assert runs[0] == runs[1] and runs[0] != runs[2]
