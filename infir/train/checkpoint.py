@@ -46,7 +46,7 @@ class CheckpointWriteError(RuntimeError):
 def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: dict, meta: dict, info, keep_last: int,
          staging: "HostStaging | None" = None) -> "PendingSave":
     """Write checkpoint `iteration`: with `staging`, in a background thread from host copies of the files'
-    tensors taken now (the step stalls for the copy only); without, here. `wait()` on the returned save,
+    tensors (queued now, made beside the next step's compute); without, here. `wait()` on the returned save,
     on every rank together, ends it: CheckpointWriteError if any rank's write failed."""
     ckpt_root = Path(ckpt_root)
     final = ckpt_root / fmt.iter_dir_name(iteration)
@@ -65,7 +65,10 @@ def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: di
         fmt.commit(tmp, final)
         _prune(ckpt_root, keep_last)
 
-    pending = PendingSave(tmp, final, info, staging.copy(files) if staging is not None else files, commit)
+    if staging is None:
+        pending = PendingSave(tmp, final, info, files, commit)
+    else:
+        pending = PendingSave(tmp, final, info, staging.copy(files), commit, staging.copied)
     if staging is None:
         pending.run()
     else:
@@ -98,20 +101,37 @@ def write_file(path: Path, content) -> None:
 class HostStaging:
     """Host buffers a save's tensors are copied into, so that training goes on while a thread writes them.
     Kept from save to save (a run saves the same tensors each time): pinned memory is slow to allocate,
-    and on CUDA the copies from it run at the link's full speed, queued at once and waited for once."""
+    and on CUDA the copies from it run at the link's full speed. There they run on a stream of their own,
+    beside the next step's forward and backward, which only read what is saved: the step waits for them
+    (on the GPU, the host going on) only where it first writes those tensors (`before_writes`)."""
 
     def __init__(self):
         self._buffers: list[torch.Tensor] = []
         self._used, self._memo, self._storages = 0, {}, {}
+        self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        self.copied: torch.cuda.Event | None = None  # the end of the last copy, until the next write waits for it
 
     def copy(self, tree):
-        """`tree` (dicts, lists and tuples of tensors and plain values) with every tensor copied to host memory."""
+        """`tree` (dicts, lists and tuples of tensors and plain values) with every tensor copied to host memory:
+        at once on a CPU; on CUDA queued on `stream` behind the work queued so far, and done at `copied`."""
         self._used, self._memo, self._storages = 0, {}, {}
-        out = self._copy(tree)
+        if self.stream is None:
+            out = self._copy(tree)
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                out = self._copy(tree)
+            self.copied = torch.cuda.Event()
+            self.copied.record(self.stream)
         self._memo, self._storages = {}, {}
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
         return out
+
+    def before_writes(self) -> None:
+        """Before work that writes in place a tensor the last save copied (the optimizer step): the GPU
+        runs it once the copies are done."""
+        if self.copied is not None:
+            torch.cuda.current_stream().wait_event(self.copied)
+            self.copied = None
 
     def _copy(self, tree):
         if id(tree) in self._memo:  # what the tree shares stays shared, as it is pickled (copy.deepcopy's memo)
@@ -138,6 +158,8 @@ class HostStaging:
         host = self._storages.get(key) if storage.nbytes() else None
         if host is None:
             raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+            if raw.is_cuda:  # a tensor made for the save (a state dict's) is not freed for reuse before its copy ran
+                raw.record_stream(self.stream)
             host = self._buffer(raw.numel(), t.is_cuda).copy_(raw, non_blocking=True)
             self._storages[key] = host
         return torch.empty(0, dtype=t.dtype).set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
@@ -159,8 +181,9 @@ class PendingSave:
     rank's mark is there. `wait()`, on the main thread of every rank together, joins the thread and
     learns, with one collective, whether any rank failed."""
 
-    def __init__(self, tmp: Path, final: Path, info, files: dict, commit):
+    def __init__(self, tmp: Path, final: Path, info, files: dict, commit, copied: "torch.cuda.Event | None" = None):
         self.tmp, self.final, self.info, self.files, self._commit = tmp, final, info, files, commit
+        self.copied = copied  # where the files' tensors are host copies still being made: their end
         self.error: BaseException | None = None
         self._abandoned = threading.Event()
         self._thread: threading.Thread | None = None
@@ -171,6 +194,8 @@ class PendingSave:
         self._thread.start()
 
     def run(self) -> None:
+        if self.copied is not None:
+            self.copied.synchronize()
         self.error = _attempt(lambda: [write_file(self.tmp / name, content) for name, content in self.files.items()])
         self.files = None  # the host copies are the staging's; nothing else needs them
         # An empty file needs no data block: a full disk still takes the mark, and rank 0 hears of the failure.

@@ -343,6 +343,7 @@ class Trainer:
         value = loss.item()
         finite = math.isfinite(value)
         if finite:
+            self._before_writes()  # the backward steps the parameters
             loss.backward()
             self._optimizer_step(step, None)  # parameters no hook stepped; the FP8 weight caches marked stale
         return {"loss": value, "grad_norm": float("nan"), "finite": finite, "spike": False, "lr": self.lr(step)}
@@ -372,7 +373,13 @@ class Trainer:
         dist.all_reduce(loss_sum, group=self._dp_group())
         return (loss_sum / n_tokens).item()
 
+    def _before_writes(self) -> None:
+        """The parameters and optimizer states are written from here on: after the last save's copies of them."""
+        if self.staging is not None:
+            self.staging.before_writes()
+
     def _optimizer_step(self, step: int, grad_norm: float | None) -> None:
+        self._before_writes()
         lr = self.lr(step)
         self.optimizer.step(lr, grads_in_dot_grad=not self.optimizer_spec.reads_main_grad, grad_scale=self._clip(grad_norm))
         precision.after_optimizer_step(self.model.module, lr)

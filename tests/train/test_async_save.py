@@ -23,7 +23,8 @@ WRITE_S = 1.0  # each file's write, slowed down
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(demo_root, tmp_path, monkeypatch, device):
     """With every file's write slowed to a second, an asynchronous save returns long before its files are
-    written, and training steps on (changing the weights and states) while they are; the files it commits
+    written, and training steps on (changing the weights and states) while they are (on CUDA also while the
+    host copies are still being made, on a stream of their own that starts late here); the files it commits
     hold the saved step's values: byte for byte those a synchronous save of the same step writes on CPU; on
     CUDA, where the synchronous save pickles device tensors and the asynchronous one their pinned host copies
     (a storage's device is part of the pickle), the same tensors once loaded."""
@@ -50,6 +51,11 @@ def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(d
             for step in range(2):
                 trainer.train_step(step)
             trainer.step = 2
+            if mode == "true" and device == "cuda":
+                # the copies start ~0.3 s late: the next step's optimizer must wait for them on the GPU, and
+                # save() must not
+                with torch.cuda.stream(trainer.staging.stream):
+                    torch.cuda._sleep(500_000_000)
             start = time.perf_counter()
             trainer.save()
             took[mode] = time.perf_counter() - start
