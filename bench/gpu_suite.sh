@@ -34,6 +34,8 @@
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
 #   bash bench/gpu_suite.sh async-tp       bench/async_tp.py under torchrun, two GPUs: 7B's four GEMMs of a layer at TP=2,
 #                                          the NCCL collective then the GEMM vs symmetric-memory async TP, BF16 and FP8
+#   bash bench/gpu_suite.sh save-stall     bench/save_stall.py under torchrun, two GPUs: how long a 7B TP=2 step stalls
+#                                          for an asynchronous checkpoint
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
 #                                          without run-ahead, with each micro-batch's GPU span (CUDA events)
 #   bash bench/gpu_suite.sh gen-speed      bench/generate.py: infir-eval's HF backend generating with a random 0.5B, batch 64,
@@ -175,6 +177,9 @@ for stage in "$@"; do
     async-tp)
       run async_tp_7b python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/async_tp.py --model qwen2.5-7b \
         --tokens 4096 --out "$OUT/async_tp_7b.md" ;;
+    save-stall)
+      run save_stall_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/save_stall.py \
+        --model qwen2.5-7b --parallel tp2 --out "$OUT/save_stall_7b_tp2.md" ;;
     phases)
       for p in bf16 fp8_blockwise_ue8m0; do run "phases_$p" python3 bench/step_phases.py "$p" --out "$OUT/phases_$p.md"; done ;;
     gen-speed)
@@ -190,7 +195,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check async-tp phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check async-tp save-stall phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
   esac
 done
 exit $status
