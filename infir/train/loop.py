@@ -99,8 +99,10 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
         # reduce-overhead adds CUDA graphs: for steps where issuing a layer's kernels from
         # Python takes longer than running them (compile_mode above)
         mode = compile_mode(cfg.model.compile_mode, recipe, cfg.model.recompute, device)
-        # the mode's inductor options, as torch itself lists them, with the collectives' overlap
-        options = {**torch._inductor.list_mode_options(mode), **OVERLAP_COLLECTIVES}
+        # the mode's inductor options, as torch itself lists them, and where the layers hold collectives
+        # (tensor or context parallel) their overlap
+        overlap = OVERLAP_COLLECTIVES if info.tp > 1 or info.cp > 1 else {}
+        options = {**torch._inductor.list_mode_options(mode), **overlap}
         for layer in model.decoder.layers:
             layer.compile(options=options)
         graphed = bool(options.get("triton.cudagraphs"))  # validate needs it
