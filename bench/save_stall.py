@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How long training stalls for a checkpoint: infir-train's asynchronous save (train.async_save) on a model
-of real size, e.g. 7B at TP=2 (issue 39's target: a step stalls <= 1 s while a checkpoint is written).
+of real size, e.g. 7B at TP=2.
 
     torchrun --nproc-per-node 2 bench/save_stall.py --model qwen2.5-7b --parallel tp2 --out save_stall.md
 

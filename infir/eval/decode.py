@@ -2,10 +2,10 @@
 
 Why not transformers' `generate` for this: around its compiled forward, each token's step runs the logits
 processors (temperature, top-p's sort over the vocabulary), the stopping criteria and an all-finished check
-that waits for the GPU, eagerly in Python. For a small model at batch 64 on an H100 that loop, not the model,
-set the step (11 ms a token at 0.5B: bench/generate.py). Here a step's forward, temperature, top-p sampling
-and end-of-sequence bookkeeping are one compiled function (CUDA graphs on a GPU, through torch.compile's
-reduce-overhead mode), and the host asks whether every row has ended once every CHECK_EVERY steps.
+that waits for the GPU, eagerly in Python. For a small model at a large batch that loop, not the model, sets
+the step (bench/generate.py times both: modes static and hf-static). Here a step's forward, temperature,
+top-p sampling and end-of-sequence bookkeeping are one compiled function (CUDA graphs on a GPU, through
+torch.compile's reduce-overhead mode), and the host asks whether every row has ended every CHECK_EVERY steps.
 
 The model's own attention masks are used: the 2D mask spans the whole cache (ones from each row's first
 real token on, left padding zero), so it stays the same for the whole call and causality hides the
