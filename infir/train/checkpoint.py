@@ -105,15 +105,16 @@ class HostStaging:
     beside the next step's forward and backward, which only read what is saved: the step waits for them
     (on the GPU, the host going on) only where it first writes those tensors (`before_writes`)."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device | None = None):
         self._buffers: list[torch.Tensor] = []
         self._used, self._memo, self._storages = 0, {}, {}
-        self.stream = torch.cuda.Stream() if torch.cuda.is_available() else None
+        # the copies' own stream, where the saved tensors live on a GPU (`device`)
+        self.stream = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
         self.copied: torch.cuda.Event | None = None  # the end of the last copy, until the next write waits for it
 
     def copy(self, tree):
         """`tree` (dicts, lists and tuples of tensors and plain values) with every tensor copied to host memory:
-        at once on a CPU; on CUDA queued on `stream` behind the work queued so far, and done at `copied`."""
+        at once without a stream; with one, queued on it behind the work queued so far, and done at `copied`."""
         self._used, self._memo, self._storages = 0, {}, {}
         if self.stream is None:
             out = self._copy(tree)

@@ -257,7 +257,7 @@ class Trainer:
         sp = cfg.train.spike
         self.spike = SpikePolicy(sp.action, sp.factor, sp.window)
         # train.async_save: checkpoints written by a thread from host copies while training goes on
-        self.staging = checkpoint.HostStaging() if cfg.train.async_save else None
+        self.staging = checkpoint.HostStaging(self.device) if cfg.train.async_save else None
         self._pending = None  # the checkpoint being written
         self.step, self.skipped = self._start()
         self.skips_in_a_row = 0  # steps skipped since the last good one (train.max_skips); not carried across launches
