@@ -67,11 +67,9 @@ def save(ckpt_root: Path, iteration: int, *, model, optimizer, trainer_state: di
 
     if staging is None:
         pending = PendingSave(tmp, final, info, files, commit)
-    else:
-        pending = PendingSave(tmp, final, info, staging.copy(files), commit, staging.copied)
-    if staging is None:
         pending.run()
     else:
+        pending = PendingSave(tmp, final, info, staging.copy(files), commit, staging.copied)
         pending.start()
     return pending
 
@@ -159,9 +157,10 @@ class HostStaging:
         host = self._storages.get(key) if storage.nbytes() else None
         if host is None:
             raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            if raw.is_cuda:  # a tensor made for the save (a state dict's) is not freed for reuse before its copy ran
+            queued = raw.is_cuda and self.stream is not None
+            if queued:  # a tensor made for the save (a state dict's) is not freed for reuse before its copy ran
                 raw.record_stream(self.stream)
-            host = self._buffer(raw.numel(), t.is_cuda).copy_(raw, non_blocking=True)
+            host = self._buffer(raw.numel(), t.is_cuda).copy_(raw, non_blocking=queued)
             self._storages[key] = host
         return torch.empty(0, dtype=t.dtype).set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
