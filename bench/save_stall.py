@@ -17,7 +17,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -36,6 +35,7 @@ def timed_step(trainer) -> float:
 
 
 def measure(mode: str, args, run_dir: str) -> dict:
+    from infir.model import ckpt_format
     from infir.train.loop import Trainer
 
     cfg = bench_config(args.model, args.seq, 1, args.accum, "none", args.precision, 1000, args.parallel, run_dir)
@@ -47,9 +47,9 @@ def measure(mode: str, args, run_dir: str) -> dict:
     trainer.save()
     returned = time.perf_counter() - start
     after = timed_step(trainer)
-    path = trainer.wait_save()
+    trainer.wait_save()  # a sync save() has already committed
     committed = time.perf_counter() - start
-    written = sum(f.stat().st_size for f in Path(path).iterdir()) if path is not None else 0
+    written = sum(f.stat().st_size for f in ckpt_format.resolve(trainer.ckpt_root).iterdir())
     trainer.close()
     return {"mode": mode, "step s": base, "save() s": returned, "step after s": after,
             "stall s": returned + max(after - base, 0.0), "until committed s": committed, "written GB": written / 1e9}

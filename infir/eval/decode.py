@@ -68,6 +68,15 @@ class StaticDecoder:
         nxt = torch.where(done, self.pad_id, nxt)
         return nxt, done | torch.isin(nxt, self.stops)
 
+    def _next(self, *args):
+        """One decode step. Under CUDA graphs the step's outputs live in the graph's memory, which its next
+        replay overwrites while they are that replay's inputs: each call starts a new graph step and hands
+        back copies."""
+        if not self.compile:
+            return self.step(*args)
+        torch.compiler.cudagraph_mark_step_begin()
+        return tuple(t.clone() for t in self.step(*args))
+
     def _reset(self, rows: int, cache_len: int) -> None:
         if self.shape != (rows, cache_len):
             from transformers import StaticCache
@@ -96,7 +105,7 @@ class StaticDecoder:
         out[:, 0] = token
         for i in range(1, max_new_tokens):
             # the token fed in is at cache position n + i - 1
-            token, done = self.step(token[:, None], n + i - 1 - pads, mask, done, temperature, top_p)
+            token, done = self._next(token[:, None], n + i - 1 - pads, mask, done, temperature, top_p)
             out[:, i] = token
             if i % CHECK_EVERY == 0 and bool(done.all()):
                 break

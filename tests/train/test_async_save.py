@@ -71,7 +71,7 @@ def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(d
     assert files == sorted(p.name for p in saved["true"].iterdir()) and len(files) == 4, files
     assert took["false"] >= 3 * WRITE_S and took["true"] < WRITE_S, took
     for name in files:
-        if device == "cpu":
+        if device == "cpu" or not name.endswith(".pt"):
             assert (saved["true"] / name).read_bytes() == (saved["false"] / name).read_bytes(), name
         else:
             a, b = (torch.load(saved[m] / name, map_location="cpu", weights_only=False) for m in ("true", "false"))
