@@ -89,6 +89,20 @@ def scaled_mm_scale(q: QTensor, transposed: bool = False) -> torch.Tensor:
     return s
 
 
+def block_layout_copies(q: QTensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(destination, source) pairs that bring the scaled_mm layouts q.layout_cache holds of a block q's
+    scale up to date after the scale's values change in place: destination.copy_(source) for each (none
+    for a layout that is a view of the scale itself). scaled_mm_scale's block layouts are the scale, or its
+    transpose, in the first rows of a column-padded tensor seen transposed."""
+    pairs = []
+    for key, layout in q.layout_cache.items():
+        if layout.untyped_storage().data_ptr() == q.scale.untyped_storage().data_ptr():
+            continue
+        source = q.scale if key == "scaled_mm_t" else q.scale.t()
+        pairs.append((layout[:source.shape[0]], source))
+    return pairs
+
+
 if hasattr(F, "scaled_mm"):
     _BLOCKWISE = {"token": F.ScalingType.BlockWise1x128, "block": F.ScalingType.BlockWise128x128}
     _NO_SWIZZLE = F.SwizzleType.NO_SWIZZLE

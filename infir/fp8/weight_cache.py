@@ -73,22 +73,17 @@ class WeightCache:
     def adopt(self, weight: torch.Tensor, recipe: Recipe, data: torch.Tensor, scale: torch.Tensor) -> None:
         """Take `data` (FP8 [N, K]) and `scale` (its 128x128 block scales), quantized elsewhere (the FP8
         parameter all-gather of a sharded optimizer), as the copy of `weight` as it is now. The tensors are
-        kept, not copied: on the next step's adopt of the same tensors only the scale layouts are redone."""
+        kept, not copied, and scaled_mm's layouts of the scale are made on the first adopt of them. A later
+        adopt of the same tensors takes those layouts as current: whoever writes new values into `scale`
+        brings them up to date (gemm.block_layout_copies), for every weight at once rather than one weight
+        at a time on the host here."""
         if recipe.weight.granularity != "block" or recipe.autoscale_weights:
             raise ValueError(f"WeightCache.adopt takes 128x128 block weights, not those of recipe {recipe.name!r}")
-        q = QTensor(data, scale, "block", recipe.weight.scale_format, recipe.weight.fmt)
-        scaled_mm_scale(q)
-        scaled_mm_scale(q, transposed=True)
         old = self.q
-        if old is not None and old.data is data and old.scale is scale and old.layout_cache.keys() == q.layout_cache.keys():
-            with torch.no_grad():
-                for key, t in q.layout_cache.items():
-                    # a layout that is a view of the scale itself (no padding needed) is already current; an
-                    # in-place copy would bump the version of every scale sharing its storage, which earlier
-                    # layers' forwards saved for their backward
-                    if t.data_ptr() != old.layout_cache[key].data_ptr():
-                        old.layout_cache[key].copy_(t)
-        else:
+        if old is None or old.data is not data or old.scale is not scale:
+            q = QTensor(data, scale, "block", recipe.weight.scale_format, recipe.weight.fmt)
+            scaled_mm_scale(q)
+            scaled_mm_scale(q, transposed=True)
             self.q = q
         self.mark_fresh(weight, recipe)
 

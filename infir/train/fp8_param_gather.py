@@ -25,6 +25,7 @@ import torch.distributed as dist
 from infir.fp8 import Recipe, WeightCache
 from infir.fp8.dispatch import block_range_amax, quantize_block_range
 from infir.fp8.formats import get_format, scale_from_amax
+from infir.fp8.gemm import block_layout_copies
 from infir.fp8.quantize import WEIGHT_BLOCK
 
 
@@ -75,6 +76,17 @@ class BucketFp8Gather:
         self.others_len = max(sum(b - a for a, b in segs) for segs in self.segments)
         self.others_in = data.new_empty(self.others_len)
         self.others_out = data.new_empty(self.others_len * ranks)
+        # the other ranks' elements, from where their gather lands to their places in the bucket: views made
+        # once, copied in one call a step (a copy per segment from Python kept the host behind the GPU)
+        self.land, self.landed = [], []
+        for r, segs in enumerate(self.segments):
+            pos = r * self.others_len
+            for a, b in segs if r != self.rank else ():
+                self.land.append(data[a:b])
+                self.landed.append(self.others_out[pos:pos + b - a])
+                pos += b - a
+        self.layout_copies: list = []  # its weights' scale layouts from their scales (block_layout_copies)
+        self._adopted: list = []  # the QTensors those copies are of
 
     @property
     def wire_bytes(self) -> int:
@@ -120,18 +132,18 @@ class BucketFp8Gather:
         """Wait for the gathers; the other ranks' elements of the non-FP8 parameters into place."""
         for work in works:
             work.wait()
-        for r, segs in enumerate(self.segments):
-            if r == self.rank:
-                continue
-            pos = r * self.others_len
-            for a, b in segs:
-                self.bucket.param_data[a:b].copy_(self.others_out[pos:pos + b - a])
-                pos += b - a
+        if self.land:
+            torch._foreach_copy_(self.land, self.landed)
 
     def adopt(self) -> None:
-        """Each layer's FP8 weight is its slice of the gathered bytes (after the parameters' versions moved)."""
+        """Each layer's FP8 weight is its slice of the gathered bytes (after the parameters' versions moved),
+        its scale layouts made where the cache took new tensors."""
         for w in self.weights:
             w.cache.adopt(w.param, self.recipe, w.data, w.scale)
+        qs = [w.cache.q for w in self.weights]
+        if len(qs) != len(self._adopted) or any(a is not b for a, b in zip(qs, self._adopted)):
+            self.layout_copies = [pair for q in qs for pair in block_layout_copies(q)]
+            self._adopted = qs
 
     def sync_params(self) -> None:
         """The parameters in full on every rank (the plain parameter gather), where they are read as such."""
@@ -170,6 +182,11 @@ class Fp8ParamGather:
             b.write_amax()
         dist.all_reduce(self.amax, op=dist.ReduceOp.MAX, group=self.group)
         self.scales.copy_(scale_from_amax(self.amax, get_format(fmt.fmt), fmt.scale_format))
+        # the layouts scaled_mm reads of the weights' scales, which WeightCache.adopt leaves to us, in one call;
+        # before any forward of the step has saved them for its backward
+        copies = [pair for b in self.buckets.values() for pair in b.layout_copies]
+        if copies:
+            torch._foreach_copy_([d for d, _ in copies], [s for _, s in copies])
 
 
 def fp8_targets(model: torch.nn.Module) -> tuple[dict, Recipe | None]:

@@ -432,3 +432,29 @@ def test_adopted_weights_back_linears_and_keep_the_scales_saved_for_backward():
     caches[1].adopt(weights[1], recipe, b.data, b.scale)  # the next step's, for the later layer
     y.sum().backward()
     assert caches[1].fresh(weights[1], recipe) and caches[1].q is b
+
+
+@pytest.mark.parametrize("shape", [(256, 512), (384, 640)])  # 4 scale columns (a layout is the scale) and 5 (padded)
+def test_layout_copies_bring_an_adopted_weights_scale_layouts_up_to_date(shape):
+    """After the FP8 parameter gather writes a step's block scales in place, the pairs of block_layout_copies
+    make scaled_mm's layouts of the adopted weight equal to those made afresh from the new scales, and a later
+    adopt of the same tensors keeps them (it does not rebuild them from the scale on the host)."""
+    from infir.fp8.gemm import block_layout_copies, scaled_mm_scale
+    from infir.fp8.quantize import QTensor
+
+    recipe = get_recipe("fp8_blockwise_ue8m0")
+    w = torch.randn(*shape)
+    q = WeightCache().get(w, recipe)
+    cache = WeightCache()
+    cache.adopt(w, recipe, q.data, q.scale.clone())
+    adopted = cache.q
+    scale = adopted.scale
+    scale.copy_(torch.rand_like(scale) + 0.5)  # the next step's scales
+    for dst, src in block_layout_copies(adopted):
+        dst.copy_(src)
+    cache.adopt(w, recipe, q.data, scale)
+    assert cache.q is adopted
+    fresh = QTensor(q.data, scale.clone(), "block", recipe.weight.scale_format, recipe.weight.fmt)
+    for transposed in (False, True):
+        assert torch.equal(scaled_mm_scale(adopted, transposed), scaled_mm_scale(fresh, transposed)), transposed
+    assert len(block_layout_copies(adopted)) == (1 if shape[1] == 512 else 2)
