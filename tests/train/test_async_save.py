@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -87,6 +88,8 @@ def assert_same_tree(a, b, where: str) -> None:
         assert a.keys() == b.keys(), where
         for k in a:
             assert_same_tree(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, np.ndarray):  # numpy's RNG state in rng_rank*.pt
+        assert a.dtype == b.dtype and np.array_equal(a, b), where
     elif isinstance(a, (list, tuple)):
         assert len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
