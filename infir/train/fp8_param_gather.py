@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 from infir.fp8 import Recipe, WeightCache
 from infir.fp8.dispatch import block_range_amax, quantize_block_range
@@ -78,6 +79,7 @@ class BucketFp8Gather:
         self.others_out = data.new_empty(self.others_len * ranks)
         # the other ranks' elements, from where their gather lands to their places in the bucket: views made
         # once, copied in one call a step (a copy per segment from Python kept the host behind the GPU)
+        self.own = [data[a:b] for a, b in self.segments[self.rank]]  # this rank's elements of them, sent
         self.land, self.landed = [], []
         for r, segs in enumerate(self.segments):
             pos = r * self.others_len
@@ -115,18 +117,17 @@ class BucketFp8Gather:
             if w.hi > w.lo:
                 quantize_block_range(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.scale,
                                      fmt.scale_format, fmt.fmt, out=w.data.view(-1)[w.lo:w.hi])
-        # the small gather of the other parameters first: the one started second waits on the communication
-        # stream for the first, and holds up the compute issued behind it (optimizer.py, `_start_next`)
-        works = []
-        if self.others_len:
-            own = [self.bucket.param_data[a:b] for a, b in self.segments[self.rank]]
-            if own:
-                torch.cat(own, out=self.others_in[:sum(t.numel() for t in own)])
-            works.append(dist.all_gather_into_tensor(self.others_out, self.others_in, group=self.group, async_op=True))
+        # one NCCL group for both gathers: as two collectives on the communication stream the second waits there
+        # for the first, which waits for every rank to reach it, and with CUDA_DEVICE_MAX_CONNECTIONS=1 the
+        # compute issued behind it waited too, once per bucket (optimizer.py, `_start_next`)
+        if self.own:
+            torch.cat(self.own, out=self.others_in[:sum(t.numel() for t in self.own)])
         lo = self.rank * self.share
-        works.append(dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group,
-                                                 async_op=True))
-        return works
+        with _coalescing_manager(group=self.group, async_ops=True) as gathers:
+            if self.others_len:
+                dist.all_gather_into_tensor(self.others_out, self.others_in, group=self.group)
+            dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group)
+        return [gathers]
 
     def finish(self, works: list) -> None:
         """Wait for the gathers; the other ranks' elements of the non-FP8 parameters into place."""
