@@ -174,3 +174,26 @@ def test_page_shows_the_newest_scaling_runs_as_short_tables(tmp_path):
     order = [next(i for i, ln in enumerate(section) if key in ln) for key in ("| op | ranks", "| model | seq | replica",
                                                                              "prediction error:")]
     assert order == sorted(order)  # bandwidth, then the projection, then the validation
+
+
+def _dp_run(folder: Path, date: str, dp: int, pct: float, notes: list[str] = ()) -> None:
+    row = {"model": "qwen2.5-1.5b", "seq": 4096, "case": "bf16", "accum": 1, "DP": dp, "tokens/s per GPU": 40000,
+           "% of DP=1": pct}
+    text = "\n\n".join(["## Data-parallel scaling", _header(date, f"python bench/dp_scaling.py --tag {dp}"), *notes,
+                        markdown_table([row])]) + "\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "dp_scaling_a1.md").write_text(text)
+    write_result(folder / "dp_scaling_a1.md", text, commit=folder.name.rsplit("-", 1)[-1])
+
+
+def test_the_dp_table_keeps_the_newest_run_of_each_size_and_leaves_out_withdrawn_runs(tmp_path):
+    """A newer 2-GPU run does not hide the last 4-GPU one (the lent machines differ from day to day), an older
+    run of a size measured again is not shown, and a run noted "withdrawn: ..." is on no page."""
+    _dp_run(tmp_path / "2026-01-01-aaaaaaa", "2026-01-01 10:00", 4, 86.8)
+    _dp_run(tmp_path / "2026-01-02-bbbbbbb", "2026-01-02 10:00", 2, 91.0)
+    _dp_run(tmp_path / "2026-01-03-ccccccc", "2026-01-03 10:00", 2, 94.3)
+    _dp_run(tmp_path / "2026-01-04-ddddddd", "2026-01-04 10:00", 2, 99.9, ["withdrawn: measured wrong"])
+    page = report.render(tmp_path, tmp_path / "BENCHMARKS.md")
+    section = page.split("## Data-parallel scaling")[1]
+    assert "| 4 | bf16 | 40000 | 86.8 |" in section and "| 2 | bf16 | 40000 | 94.3 |" in section
+    assert "91" not in section and "99.9" not in section and "ddddddd" not in page
