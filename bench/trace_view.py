@@ -24,7 +24,12 @@ from step import STEP_MARK, _union, classify  # noqa: E402
 def load(path: Path) -> tuple[list[list], list[list]]:
     """(step annotations, kernels) of a trace, each [name, stream, start_us, end_us], by start."""
     events = json.load(gzip.open(path, "rt"))["events"]
-    marks = sorted((e for e in events if e[0].startswith(STEP_MARK)), key=lambda e: e[2])
+    # a step's annotation is on every stream its kernels ran on (inductor's and NCCL's too): its first one
+    first: dict[str, list] = {}
+    for e in events:
+        if e[0].startswith(STEP_MARK) and (e[0] not in first or e[2] < first[e[0]][2]):
+            first[e[0]] = e
+    marks = sorted(first.values(), key=lambda e: e[2])
     kernels = sorted((e for e in events if not e[0].startswith(STEP_MARK) and not e[0].startswith("nccl:")
                       and not e[0].startswith("Optimizer.")), key=lambda e: e[2])
     return marks, kernels
