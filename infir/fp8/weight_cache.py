@@ -40,6 +40,10 @@ class WeightCache:
     def invalidate(self) -> None:
         self._key = None
 
+    def release(self) -> None:
+        """Drop the FP8 copy (its memory goes once nothing else, such as autograd, holds it)."""
+        self.q, self._key = None, None
+
     def step(self, lr: float) -> None:
         if self.autoscaler is not None:
             self.autoscaler.step(lr)

@@ -166,13 +166,15 @@ def _fusion_kwargs(fusions: bool) -> dict:
 
 
 def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_loss: bool = False,
-              loss_chunk_tokens: int = 8192, attention: str = "auto"):
+              loss_chunk_tokens: int = 8192, attention: str = "auto", transient_fp8_weights: bool = False):
     """megatron GPTModel for one pipeline stage holding the whole depth (pre- and post-process).
 
     chunked_loss: the LM head + cross entropy run chunk by chunk with gradients computed in the forward
     (infir/model/lm_loss.py); the model then returns the loss_mask-weighted sum, never full logits.
     recipe: the infir.fp8.Recipe the projections run (None or a high-precision recipe: megatron's linears).
     attention: the kernel of packed documents and context parallelism (infir.model.attention.KERNELS).
+    transient_fp8_weights: each layer quantizes its FP8 weights per forward and drops them after it
+    (fp8_linears.quantize_weights_per_layer) instead of keeping them from one optimizer step to the next.
     """
     from infir.model.spec import block_spec, projections
 
@@ -210,9 +212,13 @@ def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_l
     model.rotary_pos_emb.cp_group = None
     if model.embedding is not None:
         model.embedding.register_forward_hook(_embedding_to_autocast_dtype)
-    from infir.model.fp8_linears import attach_weight_refresh, fp8_linears_of
+    from infir.model.fp8_linears import attach_weight_refresh, fp8_linears_of, quantize_weights_per_layer
 
     fp8_linears = fp8_linears_of(model)
+    if transient_fp8_weights:
+        quantize_weights_per_layer(list(model.decoder.layers))
+        per_layer = {id(m) for layer in model.decoder.layers for m in fp8_linears_of(layer)}
+        fp8_linears = [m for m in fp8_linears if id(m) not in per_layer]
     if fp8_linears:
         attach_weight_refresh(model, fp8_linears)
     return model

@@ -61,6 +61,25 @@ def compile_mode(choice: str, recipe, recompute: str, device: torch.device) -> s
     return "reduce-overhead" if graphs else "default"
 
 
+def transient_fp8_weights(choice, recipe, recompute: str, param_gather: bool) -> bool:
+    """Whether each layer quantizes its FP8 weights as its forward begins and drops them after it
+    (model.fp8_weight_cache=false) instead of keeping one copy for the whole step (true). auto: per forward
+    under full recomputation, where the kept copy is the memory FP8 adds (1 byte per parameter) and a second
+    quantization a micro-batch costs little beside a layer's recompute; kept otherwise, and wherever the copy
+    must persist: MOSS's automatic scaling advances once a step, and the FP8 parameter gather fills it."""
+    if not recipe.fp8:
+        return False
+    if choice == "auto":
+        return recompute == "full" and not recipe.autoscale_weights and not param_gather
+    if choice is False:
+        why = ("its automatic weight scaling advances once a step" if recipe.autoscale_weights else
+               "optimizer.fp8_param_gather=true gathers the weights into the kept copies" if param_gather else None)
+        if why:
+            raise ConfigError(f"model.fp8_weight_cache=false quantizes each layer's weights per forward, but under "
+                              f"precision.recipe={recipe.name} {why}: set model.fp8_weight_cache=auto or true")
+    return choice is False
+
+
 class NonFiniteError(RuntimeError):
     """A NaN/Inf loss or gradient norm stopped the run (the last good checkpoint is kept)."""
 
@@ -91,6 +110,8 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
         size, tcfg, recipe, seq_length=cfg.stage.seq_length,
         chunked_loss=_on_gpu(cfg.model.chunked_loss, device), loss_chunk_tokens=cfg.model.loss_chunk_tokens,
         attention=cfg.model.attention,
+        transient_fp8_weights=transient_fp8_weights(cfg.model.fp8_weight_cache, recipe, cfg.model.recompute,
+                                                    cfg.optimizer.fp8_param_gather),
     ).to(device)
     graphed = False
     if _on_gpu(cfg.model.compile, device):

@@ -49,6 +49,7 @@ class ModelConfig:
     chunked_loss: AutoBool = "auto"
     loss_chunk_tokens: int = 8192
     attention: str = "auto"          # packed documents / context parallelism: auto | varlen | flex | sdpa
+    fp8_weight_cache: AutoBool = "auto"  # FP8 weights kept for the step (true) or quantized per layer forward (false)
 
     def __post_init__(self):
         from infir.model.qwen import SIZES
@@ -59,6 +60,8 @@ class ModelConfig:
         for key in ("compile", "fusions", "chunked_loss"):
             value = getattr(self, key)
             check(value in ("auto", True, False), f"model.{key}", value, "auto (on a GPU), true or false")
+        check(self.fp8_weight_cache in ("auto", True, False), "model.fp8_weight_cache", self.fp8_weight_cache,
+              "auto (quantized per layer forward under full recomputation, else kept), true (kept) or false")
         check(self.compile_mode in COMPILE_MODES, "model.compile_mode", self.compile_mode,
               f"one of {', '.join(COMPILE_MODES)} (auto, or one of torch.compile's modes)")
         _positive_int("model.loss_chunk_tokens", self.loss_chunk_tokens)

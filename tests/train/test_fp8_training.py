@@ -229,3 +229,45 @@ def test_compiled_fp8_full_recompute_gives_the_same_steps(demo_root, tmp_path):
                     "precision=fp8_blockwise_ue8m0", "model.compile=true", f"model.recompute={recompute}"]
         for recompute in ("none", "full")}, steps=3)
     assert results["full"] == results["none"], results
+
+
+def test_full_recompute_quantizes_weights_per_layer_forward_and_keeps_no_copy(demo_root, tmp_path, monkeypatch):
+    """model.fp8_weight_cache=auto under full recomputation: each layer quantizes its weights as its forward and
+    its recompute begin (4 times a step at two micro-batches) and keeps no FP8 copy between them, and the run
+    takes the same steps as one that keeps the copies."""
+    from infir.fp8 import WeightCache
+    from infir.model.fp8_linears import fp8_linears_of
+    from infir.train import dist as distributed
+    from infir.train.cli import compose
+    from infir.train.loop import Trainer
+
+    common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "model.recompute=full",
+              "stage.micro_batch=4", "stage.global_batch=8", "stage.seq_length=128"]
+    calls = []
+    real = WeightCache._quantized
+    monkeypatch.setattr(WeightCache, "_quantized", lambda self, w, recipe: (calls.append(id(self)), real(self, w, recipe))[1])
+    trainer = Trainer(compose([*common, f"run_dir={tmp_path / 'transient'}", "stage.iters=2"]))
+    linears = fp8_linears_of(trainer.model.module)
+    try:
+        for step in range(2):
+            calls.clear()
+            trainer.train_step(step)
+            assert len(calls) == 4 * len(linears) and len(set(calls)) == len(linears)
+            assert all(m.weight_cache.q is None for m in linears)
+    finally:
+        trainer.close()
+        distributed.shutdown()
+    monkeypatch.undo()
+    got = in_process_losses({cache: [*common, f"run_dir={tmp_path / str(cache)}", "stage.iters=3",
+                                     f"model.fp8_weight_cache={cache}"] for cache in ("auto", "true")}, 3)
+    assert got["auto"] == got["true"], got
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["precision=moss"], "automatic weight scaling advances once a step"),
+    (["precision=fp8_blockwise_ue8m0", "optimizer.fp8_param_gather=true"], "gathers the weights into the kept copies"),
+])
+def test_per_forward_weights_are_refused_where_the_copy_must_persist(demo_root, tmp_path, overrides, message):
+    proc = run_train([*FAST, f"data.root={demo_root}", f"run_dir={tmp_path}", "stage.iters=1",
+                      "model.fp8_weight_cache=false", *overrides], check=False)
+    assert proc.returncode != 0 and message in proc.stderr + proc.stdout, proc.stderr[-2000:]
