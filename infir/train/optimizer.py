@@ -385,6 +385,9 @@ def overlap_gathers_with_forward(model: torch.nn.Module, optimizer: DataParallel
 def _gather_wait(optimizer: DataParallelOptimizer, params: list, refresh):
     @torch.compiler.disable  # waits on the host: eager, also where the unit's call is compiled (Module.compile)
     def hook(module, args) -> None:
-        if optimizer.wait_for(params) and refresh is not None:
+        optimizer.wait_for(params)
+        # whether or not this wait completed the gather: a bucket holding several units' parameters is
+        # completed by the first unit's wait, and the later units' weights are as stale as its own were
+        if refresh is not None:
             refresh(module, args)
     return hook

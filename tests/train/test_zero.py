@@ -37,6 +37,18 @@ def test_sharded_states_take_the_replicated_steps(demo_root, tmp_path, optimizer
 
 
 @pytest.mark.slow
+def test_fp8_weights_follow_the_gathered_parameters(demo_root, tmp_path):
+    """Under sharded states each layer's FP8 weights are re-quantized once its parameters are gathered, also
+    where one bucket holds several layers (its gather is completed by the first layer's wait): the same steps
+    as replicated states, bit for bit, with the FP8 copies kept for the step or made per layer forward."""
+    common = ["precision=fp8_blockwise_ue8m0"]
+    replicated = curve(demo_root, tmp_path / "dp2", 2, [*common, "optimizer.distributed=false"], steps=6)
+    for cache in ("true", "false"):
+        sharded = curve(demo_root, tmp_path / f"zero_{cache}", 2, [*common, f"model.fp8_weight_cache={cache}"], steps=6)
+        assert sharded == replicated, (cache, sharded, replicated)
+
+
+@pytest.mark.slow
 def test_sharded_checkpoint_resumes_on_the_same_curve_at_any_data_parallel_layout(demo_root, tmp_path):
     """Each rank writes its share of the states. A run stopped at a checkpoint takes the uninterrupted run's
     steps when resumed as it was, with other bucket cuts, with replicated states, or on one rank: the states
