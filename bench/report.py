@@ -70,6 +70,12 @@ def load_runs(*folders: Path) -> list[Run]:
     return sorted(runs, key=lambda r: (r.env.get("date", ""), str(r.folder), r.kind))
 
 
+def measured_before_a_fix(run: Run) -> bool:
+    """A run whose caveat says it measured code that a later commit corrected (its figures describe neither the
+    code as it is nor what the step should cost)."""
+    return any(note.startswith("caveat: measured before commit") for note in run.notes)
+
+
 def fmt(v) -> str:
     if v is None:
         return ""

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, markdown_table, slowest_rank_ms  # noqa: E402
-from report import Run, is_number, load_run, load_runs, parallel, world_size  # noqa: E402
+from report import Run, is_number, load_run, load_runs, measured_before_a_fix, parallel, world_size  # noqa: E402
 from scaling_model import (  # noqa: E402
     BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
 )
@@ -488,8 +488,14 @@ def micro_batches(tokens: int, per_micro_batch: int, dp: int) -> int:
 FP8_GATHER_COLUMNS = ("step_ms", "dp_comm_ms", "efficiency")  # shown again with the FP8 parameter all-gather
 
 
+def model_runs(args) -> list[Run]:
+    """The result files the model reads, less those measured before a fix (report.measured_before_a_fix): a
+    step that skipped work, or waited on a since-corrected fault, would price and judge the model wrongly."""
+    return [r for r in load_runs(*args.results) if not measured_before_a_fix(r)]
+
+
 def project(args) -> None:
-    runs = load_runs(*args.results)
+    runs = model_runs(args)
     sources = step_records(runs)
     net, net_line, _ = network(args, runs, args.device)
     nets = device_networks(args, runs, sources)
@@ -593,7 +599,7 @@ def error_summary(rows: list[dict]) -> str:
 
 
 def validate(args) -> None:
-    runs = load_runs(*args.results)
+    runs = model_runs(args)
     records = step_records(runs)
     if not records:
         fail(f"no bench/step.py result under {' '.join(map(str, args.results))}: nothing to validate against")
