@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from infir.train.metrics import read_metrics
-from trainrun import in_process_losses, losses, run_train, worker_rows
+from trainrun import in_process_losses, losses, run_train, summary, worker_rows
 
 FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0"]
 
@@ -63,6 +63,23 @@ def test_gpu_cuda_graphs_train_on_the_same_losses(demo_root, tmp_path):
     assert sorted(val["graphs"]) == sorted(val["eager"]) == [3, 6]
     for step in (3, 6):  # eager kernels against the reference run's compiled (fused) ones: bf16 rounding apart
         assert abs(val["eager"][step] - val["graphs"][step]) <= 1e-3 * val["eager"][step], (step, val)
+
+
+@pytest.mark.gpu
+def test_gpu_full_recompute_with_per_forward_weights_trains_on_the_kept_weights_losses(demo_root, tmp_path):
+    """Compiled layers under full recomputation: FP8 weights quantized per layer forward (the default there)
+    take the same steps as weights kept for the step (the same FP8 values, from the same kernels), and use
+    less memory at the peak: the kept copies (1 byte per parameter) are gone."""
+    common = [*FAST, f"data.root={demo_root}", "model=small-180m", "precision=fp8_blockwise_ue8m0",
+              "model.recompute=full", "stage.iters=4", "stage.seq_length=512", "stage.micro_batch=2",
+              "stage.global_batch=4"]
+    runs = {cache: tmp_path / cache for cache in ("true", "auto")}
+    for cache, run_dir in runs.items():
+        run_train([*common, f"run_dir={run_dir}", f"model.fp8_weight_cache={cache}"])
+    kept, per_forward = losses(runs["true"]), losses(runs["auto"])
+    assert sorted(kept) == list(range(1, 5)) and kept == per_forward, (kept, per_forward)
+    peaks = {cache: summary(run_dir)["peak_mem_gib"] for cache, run_dir in runs.items()}
+    assert peaks["auto"] < peaks["true"], peaks
 
 
 @pytest.mark.slow
