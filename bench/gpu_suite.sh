@@ -31,7 +31,7 @@
 #   bash bench/gpu_suite.sh step-7b-tp2dp2 bench/step.py under torchrun, four GPUs: 7B at TP=2 x DP=2 with adamw (ZeRO-1),
 #                                          seq 4096, BF16 vs FP8: does it fit 80 GB, and the memory split
 #   bash bench/gpu_suite.sh parallel-check launch/parallel_check.py through launch/torchrun.sh: a small model's loss
-#                                          at TP=2, DP=2 (and TP=2 x DP=2 on four GPUs) against one rank
+#                                          at TP=2, DP=2 (and TP=2 x DP=2 on four GPUs) against one rank, BF16 and FP8
 #   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8 (with and
 #                                          without CUDA graphs), with and without sequence parallelism (+ profile;
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
@@ -178,10 +178,14 @@ for stage in "$@"; do
       LAYOUTS=single,tp2,dp2; [ "$N" -ge 4 ] && LAYOUTS=$LAYOUTS,tp2dp2
       # stage.lr: at the demo scale's 2e-3 this model's gradient norm spikes (to 150) at steps that differ
       # from run to run, even between two single-GPU runs: the curves part ways there, whatever the layout
-      run "parallel_check_${N}gpu" python3 launch/parallel_check.py --out /tmp/parallel_check --layouts "$LAYOUTS" \
-        --md "$OUT/parallel_check_${N}gpu.md" -- model=small-180m data=synthetic precision=bf16 logger=none \
-        stage.iters=40 stage.seq_length=2048 stage.global_batch=8 stage.micro_batch=2 stage.lr=3e-4 stage.min_lr=3e-5 \
-        train.eval_interval=0 train.log_interval=1 ;;
+      # BF16, and the default FP8 recipe: each layout's FP8 weights must follow its own parameters (gathered
+      # under ZeRO-1, sharded under TP)
+      for p in bf16 fp8_blockwise_ue8m0; do
+        run "parallel_check_${N}gpu_$p" python3 launch/parallel_check.py --out "/tmp/parallel_check_$p" --layouts "$LAYOUTS" \
+          --md "$OUT/parallel_check_${N}gpu_$p.md" -- model=small-180m data=synthetic precision=$p logger=none \
+          stage.iters=40 stage.seq_length=2048 stage.global_batch=8 stage.micro_batch=2 stage.lr=3e-4 stage.min_lr=3e-5 \
+          train.eval_interval=0 train.log_interval=1
+      done ;;
     async-tp)
       run async_tp_7b python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/async_tp.py --model qwen2.5-7b \
         --tokens 4096 --out "$OUT/async_tp_7b.md" ;;
