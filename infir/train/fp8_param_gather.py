@@ -28,6 +28,7 @@ from infir.fp8.dispatch import block_range_amax, quantize_block_range
 from infir.fp8.formats import get_format, scale_from_amax
 from infir.fp8.gemm import block_layout_copies
 from infir.fp8.quantize import WEIGHT_BLOCK
+from infir.train.param_gather import ExactParams, sync_full
 
 
 def gathers_in_fp8(recipe: Recipe) -> bool:
@@ -70,30 +71,15 @@ class BucketFp8Gather:
             self.weights.append(_Weight(p, targets[p], at, lo, max(lo, hi), None, None,
                                         self.bytes[at:end].view(dtype).view(p.shape)))
         self.blocks = sum(_blocks(p.shape) for p in fp8)  # block scales of its FP8 weights
-        # every rank's elements of the other parameters: (start, end) in the bucket, per rank
-        others = [spans[p] for p in bucket.params if p not in targets]
-        self.segments = [[(max(a, r * self.share), min(b, (r + 1) * self.share)) for a, b in sorted(others)
-                          if min(b, (r + 1) * self.share) > max(a, r * self.share)] for r in range(ranks)]
-        self.others_len = max(sum(b - a for a, b in segs) for segs in self.segments)
-        self.others_in = data.new_empty(self.others_len)
-        self.others_out = data.new_empty(self.others_len * ranks)
-        # the other ranks' elements, from where their gather lands to their places in the bucket: views made
-        # once, copied in one call a step (a copy per segment from Python kept the host behind the GPU)
-        self.own = [data[a:b] for a, b in self.segments[self.rank]]  # this rank's elements of them, sent
-        self.land, self.landed = [], []
-        for r, segs in enumerate(self.segments):
-            pos = r * self.others_len
-            for a, b in segs if r != self.rank else ():
-                self.land.append(data[a:b])
-                self.landed.append(self.others_out[pos:pos + b - a])
-                pos += b - a
+        # the bucket's other parameters (norms, biases, an embedding sharing the bucket) cross in their own dtype
+        self.others = ExactParams(data, [spans[p] for p in bucket.params if p not in targets], self.rank, ranks)
         self.layout_copies: list = []  # its weights' scale layouts from their scales (block_layout_copies)
         self._adopted: list = []  # the QTensors those copies are of
 
     @property
     def wire_bytes(self) -> int:
         """Bytes this rank sends per step: its share of the FP8 buffer and its other parameters' elements."""
-        return self.share + self.others_len * self.others_in.element_size()
+        return self.share + self.others.wire_bytes
 
     def bind(self, amax: torch.Tensor, scales: torch.Tensor) -> None:
         """Its weights' block amaxes and scales as views of `amax` and `scales` ([self.blocks] each)."""
@@ -120,12 +106,10 @@ class BucketFp8Gather:
         # one NCCL group for both gathers: as two collectives on the communication stream the second waits there
         # for the first, which waits for every rank to reach it, and with CUDA_DEVICE_MAX_CONNECTIONS=1 the
         # compute issued behind it waited too, once per bucket (optimizer.py, `_start_next`)
-        if self.own:
-            torch.cat(self.own, out=self.others_in[:sum(t.numel() for t in self.own)])
+        self.others.pack()
         lo = self.rank * self.share
         with _coalescing_manager(group=self.group, async_ops=True) as gathers:
-            if self.others_len:
-                dist.all_gather_into_tensor(self.others_out, self.others_in, group=self.group)
+            self.others.gather(self.group)
             dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group)
         return [gathers]
 
@@ -133,8 +117,7 @@ class BucketFp8Gather:
         """Wait for the gathers; the other ranks' elements of the non-FP8 parameters into place."""
         for work in works:
             work.wait()
-        if self.land:
-            torch._foreach_copy_(self.land, self.landed)
+        self.others.finish()
 
     def adopt(self) -> None:
         """Each layer's FP8 weight is its slice of the gathered bytes (after the parameters' versions moved),
@@ -148,8 +131,7 @@ class BucketFp8Gather:
 
     def sync_params(self) -> None:
         """The parameters in full on every rank (the plain parameter gather), where they are read as such."""
-        data = self.bucket.param_data
-        dist.all_gather_into_tensor(data, data[self.rank * self.share:(self.rank + 1) * self.share], group=self.group)
+        sync_full(self.bucket.param_data, self.group)
 
 
 def _blocks(shape) -> int:

@@ -31,7 +31,8 @@ from infir.train.gc_control import StepGC
 from infir.train import precision
 from infir.train.config import ConfigError
 from infir.train.metrics import RunLogger, format_duration, format_si
-from infir.train.optimizer import DataParallelOptimizer, fp8_param_gather, overlap_gathers_with_forward, sharded_optimizer
+from infir.train.optimizer import (DataParallelOptimizer, bf16_param_gather, fp8_param_gather, overlap_gathers_with_forward,
+                                  sharded_optimizer)
 from infir.train.schedule import lr_at, resolve_warmup
 from infir.train.spike import SpikePolicy
 
@@ -266,6 +267,8 @@ class Trainer:
             overlap_gathers_with_forward(self.model.module, self.optimizer)
         if fp8_param_gather(cfg.optimizer, self.recipe, self.optimizer.sharded):
             self.optimizer.gather_fp8_params(self.model.module)
+        elif bf16_param_gather(self.recipe, self.optimizer.sharded):
+            self.optimizer.gather_bf16_params(self.model.module)
 
         # Data and the length of the run.
         self.train_ds, self.valid_ds = data.build_data(cfg, info, self.size.vocab)
@@ -541,7 +544,8 @@ class Trainer:
             f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.name}"
         )
         if self.optimizer.sharded:
-            fp8 = " (FP8 weights as FP8)" if self.optimizer.gathers_fp8 else ""
+            fp8 = (" (FP8 weights as FP8)" if self.optimizer.gathers_fp8 else
+                   " (as BF16, norm weights exact)" if self.optimizer.gathers_bf16 else "")
             self.log.console(f"optimizer states sharded over {self.info.dp * self.info.cp} ranks; parameter all-gather "
                              f"{self.optimizer.gather_bytes / 2**20:.1f} MiB a step from each rank{fp8}")
         launch_steps, window, last = 0, _Window(), {}

@@ -71,6 +71,13 @@ def fp8_param_gather(oc, recipe, sharded: bool) -> bool:
     return oc.fp8_param_gather
 
 
+def bf16_param_gather(recipe, sharded: bool) -> bool:
+    """Whether sharded FP32 parameters are all-gathered as BF16 (param_gather.py): under the BF16 recipe, whose
+    every GEMM reads its weight rounded to BF16 anyway. FP8 recipes quantize the FP32 weight itself on every
+    rank, which needs it exact (or `optimizer.fp8_param_gather`); FP32 runs compute in FP32."""
+    return sharded and not recipe.fp8 and recipe.compute_dtype == torch.bfloat16
+
+
 class DataParallelOptimizer:
     """`build(param_groups)` (an infir.optim optimizer) over the DDP model's parameters, whole, or
     over this rank's share of each bucket when `ddp` was built with `use_distributed_optimizer`.
@@ -101,7 +108,8 @@ class DataParallelOptimizer:
         self._queue: list = []  # buckets whose parameter gather the last step queued and has not started
         self._pending: dict = {}  # bucket -> its started parameter gather's works, until a forward reads it
         self._fp8: dict = {}  # bucket -> its BucketFp8Gather, where its FP8 weights cross as FP8 (gather_fp8_params)
-        self._params_behind = False  # whether an FP8 gather left other ranks' elements of the parameters stale
+        self._bf16: dict = {}  # bucket -> its BucketBf16Gather, where its FP32 parameters cross as BF16 (gather_bf16_params)
+        self._params_behind = False  # whether a narrower gather left other ranks' elements of the parameters inexact
         self._bucket_of = {p: part.bucket for part in self.parts if part.bucket is not None for p in part.bucket.params}
         self.counted = [param_is_not_tensor_parallel_duplicate(getattr(v, "whole", v)) for v in self.views]
 
@@ -183,6 +191,8 @@ class DataParallelOptimizer:
                     p.gather_pending = True
                 if not self._fp8 and not self._pending:
                     self._start_next()
+        if self._bf16:
+            self._params_behind = True
         if self._fp8:
             self._fp8_gather.exchange_scales()
             self._params_behind = True
@@ -196,8 +206,12 @@ class DataParallelOptimizer:
         otherwise idle, and the forward began once the last of them was under way)."""
         if self._queue:
             bucket = self._queue.pop(0)
-            fp8 = self._fp8.get(bucket)
-            self._pending[bucket] = fp8.start() if fp8 is not None else [self._gather(bucket)]
+            narrow = self._narrow(bucket)
+            self._pending[bucket] = narrow.start() if narrow is not None else [self._gather(bucket)]
+
+    def _narrow(self, bucket):
+        """The bucket's gather in a narrower dtype than its parameters (FP8 or BF16), or None."""
+        return self._fp8.get(bucket) or self._bf16.get(bucket)
 
     def wait_for(self, params) -> list:
         """Wait for the gathers of the buckets holding `params` (starting them, and the queued ones before
@@ -211,9 +225,9 @@ class DataParallelOptimizer:
             works = self._pending.pop(bucket, None)
             if works is None:
                 continue
-            fp8 = self._fp8.get(bucket)
-            if fp8 is not None:
-                fp8.finish(works)
+            narrow = self._narrow(bucket)
+            if narrow is not None:
+                narrow.finish(works)
             else:
                 for work in works:
                     work.wait()
@@ -242,8 +256,8 @@ class DataParallelOptimizer:
             self._start_next()
         self.wait_for([p for bucket in list(self._pending) for p in bucket.params])
         if self._params_behind:
-            for fp8 in self._fp8.values():
-                fp8.sync_params()
+            for narrow in (*self._fp8.values(), *self._bf16.values()):
+                narrow.sync_params()
             self._params_behind = False
 
     def gather_fp8_params(self, model: torch.nn.Module) -> None:
@@ -262,16 +276,33 @@ class DataParallelOptimizer:
         if self._fp8:
             self._fp8_gather = Fp8ParamGather(list(self._fp8.values()), self.group)
 
+    def gather_bf16_params(self, model: torch.nn.Module) -> None:
+        """Gather FP32 parameters as BF16 from now on, the RMSNorm weights exactly (param_gather.py; sharded only,
+        for a model whose every other parameter is read rounded to BF16: BF16 autocast)."""
+        from infir.model.norm import RMSNorm
+        from infir.train.param_gather import BucketBf16Gather
+
+        if not self.sharded:
+            raise ValueError("the BF16 parameter gather runs under sharded optimizer states (optimizer.distributed)")
+        exact = {p for m in model.modules() if isinstance(m, RMSNorm) for p in m.parameters()}
+        for part in self.parts:
+            if part.bucket.param_data.dtype == torch.float32:
+                self._bf16[part.bucket] = BucketBf16Gather(part.buffer, part.bucket, self.group, exact)
+
     @property
     def gathers_fp8(self) -> bool:
         return bool(self._fp8)
+
+    @property
+    def gathers_bf16(self) -> bool:
+        return bool(self._bf16)
 
     @property
     def gather_bytes(self) -> int:
         """Bytes this rank sends in one step's parameter gathers (0 with replicated states)."""
         if not self.sharded:
             return 0
-        return sum(self._fp8[part.bucket].wire_bytes if part.bucket in self._fp8 else self._plain_bytes(part.bucket)
+        return sum(self._narrow(part.bucket).wire_bytes if self._narrow(part.bucket) else self._plain_bytes(part.bucket)
                    for part in self.parts)
 
     def _plain_bytes(self, bucket) -> int:

@@ -49,6 +49,25 @@ def test_fp8_weights_follow_the_gathered_parameters(demo_root, tmp_path):
 
 
 @pytest.mark.slow
+def test_bf16_runs_gather_the_parameters_as_bf16_and_take_the_replicated_steps(demo_root, tmp_path):
+    """Under the BF16 recipe the sharded FP32 parameters cross as BF16 (their norms' weights exactly): every GEMM
+    reads what it reads under replicated states, so the same steps, bit for bit, for half the bytes; and the
+    checkpoint holds the exact FP32 parameters."""
+    from infir.model import ckpt_format as fmt
+
+    common = ["precision=bf16", "train.save_interval=6"]
+    replicated = curve(demo_root, tmp_path / "dp2", 2, [*common, "optimizer.distributed=false"], steps=6)
+    proc = run_train([*FAST, "stage.iters=6", f"data.root={demo_root}", f"run_dir={tmp_path / 'zero'}", *common], nproc=2)
+    line = next(ln for ln in proc.stdout.splitlines() if "parameter all-gather" in ln)
+    assert "as BF16" in line, line
+    assert losses(tmp_path / "zero") == replicated
+    saved = [fmt.load_shard(run / "checkpoints" / "iter_0000006", 0) for run in (tmp_path / "zero", tmp_path / "dp2")]
+    for key, t in saved[0].items():
+        if isinstance(t, torch.Tensor):
+            assert torch.equal(t, saved[1][key]), key
+
+
+@pytest.mark.slow
 def test_sharded_checkpoint_resumes_on_the_same_curve_at_any_data_parallel_layout(demo_root, tmp_path):
     """Each rank writes its share of the states. A run stopped at a checkpoint takes the uninterrupted run's
     steps when resumed as it was, with other bucket cuts, with replicated states, or on one rank: the states
