@@ -154,13 +154,14 @@ class Measured:
         bytes they gathered (param_gather_MiB); older ones gathered the parameters."""
         oc = optimizer_config(self.row["precision"])
         plain = trainer_data_parallel(oc, self.layout)
-        if plain.mode != "zero1" or not block_fp8(self.row["precision"]) or not is_number(self.row.get("param_gather_MiB")):
+        narrow = (trainer_data_parallel(oc, self.layout, "amax") if block_fp8(self.row["precision"]) else
+                  trainer_data_parallel(oc, self.layout, bf16_params=True) if bf16_gather(self.row["precision"]) else None)
+        if plain.mode != "zero1" or narrow is None or not is_number(self.row.get("param_gather_MiB")):
             return plain
-        # the bytes it gathered say which gather ran (the setting's default was not the same at every commit)
+        # the bytes it gathered say which gather ran (the trainer's choice was not the same at every commit)
         size, layout = get_size(self.row["model"]), self.layout
         params = sum(c.bytes * c.calls for c in dp_collectives(size, layout, plain) if c.name == "parameters")
-        fp8 = self.row["param_gather_MiB"] * 2**20 < 0.9 * params / layout.grad_ranks
-        return trainer_data_parallel(oc, self.layout, "amax") if fp8 else plain
+        return narrow if self.row["param_gather_MiB"] * 2**20 < 0.9 * params / layout.grad_ranks else plain
 
     def priced(self) -> Case:
         r = self.row
@@ -404,10 +405,20 @@ def block_fp8(precision: str) -> bool:
     return r.fp8 and r.weight.granularity == "block"
 
 
+def bf16_gather(precision: str) -> bool:
+    """Whether ZeRO-1 gathers FP32 parameters as BF16 under the recipe (infir.train.optimizer.bf16_param_gather)."""
+    import torch
+
+    r = recipe_of(precision)
+    return not r.fp8 and r.compute_dtype == torch.bfloat16
+
+
 def data_parallel(precision: str, layout: Layout, fp8_params: str = "off") -> DataParallel:
     """A projected case's data parallelism: the trainer's for its optimizer overrides, with the FP8 linears'
-    weights gathered as `fp8_params` says (infir.train.comm_volume) where the recipe is block-scaled FP8."""
-    return trainer_data_parallel(optimizer_config(precision), layout, fp8_params if block_fp8(precision) else "off")
+    weights gathered as `fp8_params` says (infir.train.comm_volume) where the recipe is block-scaled FP8, and
+    FP32 parameters as BF16 under the BF16 recipe."""
+    return trainer_data_parallel(optimizer_config(precision), layout, fp8_params if block_fp8(precision) else "off",
+                                 bf16_params=bf16_gather(precision))
 
 
 FP8_GATHERS = {"scales": "FP8 linear weights + block scales, the rest",

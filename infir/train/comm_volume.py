@@ -112,18 +112,21 @@ class DataParallel:
             raise ValueError("fp8_params gathers sharded parameters: it needs mode='zero1'")
 
 
-def trainer_data_parallel(oc, layout: Layout, fp8_params: str = "off") -> DataParallel:
+def trainer_data_parallel(oc, layout: Layout, fp8_params: str = "off", bf16_params: bool = False) -> DataParallel:
     """What the trainer runs for optimizer config `oc` (infir.train.schema.OptimizerConfig) on `layout`:
     ZeRO-1 where it shards the states, else DDP; gradients in `oc.grad_reduce_dtype`; parameters gathered in
-    the optimizer's parameter dtype, the FP8 linears' weights as `fp8_params` says where it shards them;
-    megatron's buckets (`oc.bucket_size`, else max(40M, 1M x DP) elements) where they overlap, one where not."""
+    the optimizer's parameter dtype, or in BF16 where `bf16_params` (the BF16 recipe's gather of FP32
+    parameters), the FP8 linears' weights as `fp8_params` says where it shards them; megatron's buckets
+    (`oc.bucket_size`, else max(40M, 1M x DP) elements) where they overlap, one where not."""
     from infir.optim import optimizer_spec
 
     buckets = (oc.bucket_size or max(MEGATRON_BUCKET_ELEMS, 1_000_000 * layout.dp)) if oc.overlap_grad_reduce else None
     sharded = sharded_optimizer(oc, layout.grad_ranks)
+    param_bytes = optimizer_spec(oc.name).param_dtype.itemsize
+    if sharded and bf16_params:
+        param_bytes = min(param_bytes, 2)
     return DataParallel("zero1" if sharded else "ddp", 4 if oc.grad_reduce_dtype == "fp32" else 2,
-                        optimizer_spec(oc.name).param_dtype.itemsize, buckets, oc.overlap_grad_reduce,
-                        fp8_params if sharded else "off")
+                        param_bytes, buckets, oc.overlap_grad_reduce, fp8_params if sharded else "off")
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ class BucketBf16Gather:
         """Wait for the gathers; the other ranks' shares into the parameters, then their exact elements over them."""
         for work in works:
             work.wait()
-        torch._foreach_copy_(self.theirs, self.theirs_wire)
+        if self.theirs:
+            torch._foreach_copy_(self.theirs, self.theirs_wire)
         self.exact.finish()
 
     def sync_params(self) -> None:

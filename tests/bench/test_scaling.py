@@ -295,7 +295,7 @@ def test_project_writes_rows_and_a_figure(results, tmp_path):
     assumed = next(n for n in data["notes"] if n.startswith("assumed: intra-node bus bandwidth measured in "
                                                             "2026-01-01-aaaaaaa/scaling_bw_2gpu"))
     assert "inter-node 50 GB/s per GPU" in assumed
-    assert "bf16: ZeRO-1 (FP32 gradients reduce-scattered, FP32 parameters all-gathered, overlapped)" in assumed
+    assert "bf16: ZeRO-1 (FP32 gradients reduce-scattered, BF16 parameters all-gathered, overlapped)" in assumed
     contention = float(re.search(r"contention with compute: ([\d.]+) \(measured: DP steps against their one-GPU twins",
                                  assumed).group(1))
     assert contention == pytest.approx(CONTENTION, abs=0.03)  # both DP=2 ZeRO-1 steps, at 3 printed digits
