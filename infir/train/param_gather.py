@@ -76,28 +76,30 @@ class BucketBf16Gather:
         ranks, self.rank = group.size(), group.rank()
         data = bucket.param_data
         self.share = data.numel() // ranks
-        self.wire = torch.empty(data.numel(), dtype=torch.bfloat16, device=data.device)
         spans = [(buffer.param_index_map[p][0] - bucket.offset, buffer.param_index_map[p][1] - bucket.offset)
                  for p in bucket.params if p in exact]
         self.exact = ExactParams(data, spans, self.rank, ranks)
-        lo, hi = self.rank * self.share, (self.rank + 1) * self.share
-        self.mine, self.mine_wire = data[lo:hi], self.wire[lo:hi]
-        others = [r for r in range(ranks) if r != self.rank]
-        self.theirs = [data[r * self.share:(r + 1) * self.share] for r in others]
-        self.theirs_wire = [self.wire[r * self.share:(r + 1) * self.share] for r in others]
+        self.mine = data[self.rank * self.share:(self.rank + 1) * self.share]
+        self.others = [r for r in range(ranks) if r != self.rank]
+        self.theirs = [data[r * self.share:(r + 1) * self.share] for r in self.others]
+        # the BF16 copy of the bucket exists only while its gather is in flight (one or two buckets at a time):
+        # kept, it would add 2 bytes to every parameter's 4
+        self.wire: torch.Tensor | None = None
 
     @property
     def wire_bytes(self) -> int:
         """Bytes this rank sends per step: its share in BF16 and its exact parameters' elements."""
-        return self.share * self.wire.element_size() + self.exact.wire_bytes
+        return self.share * 2 + self.exact.wire_bytes
 
     def start(self) -> list:
         """This rank's share rounded to BF16, and the gathers of it and of the exact parameters started."""
-        self.mine_wire.copy_(self.mine)
+        self.wire = torch.empty(self.share * (len(self.others) + 1), dtype=torch.bfloat16, device=self.mine.device)
+        mine = self.wire[self.rank * self.share:(self.rank + 1) * self.share]
+        mine.copy_(self.mine)
         self.exact.pack()
         with _coalescing_manager(group=self.group, async_ops=True) as gathers:
             self.exact.gather(self.group)
-            dist.all_gather_into_tensor(self.wire, self.mine_wire, group=self.group)
+            dist.all_gather_into_tensor(self.wire, mine, group=self.group)
         return [gathers]
 
     def finish(self, works: list) -> None:
@@ -105,7 +107,8 @@ class BucketBf16Gather:
         for work in works:
             work.wait()
         if self.theirs:
-            torch._foreach_copy_(self.theirs, self.theirs_wire)
+            torch._foreach_copy_(self.theirs, [self.wire[r * self.share:(r + 1) * self.share] for r in self.others])
+        self.wire = None
         self.exact.finish()
 
     def sync_params(self) -> None:
