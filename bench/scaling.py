@@ -406,11 +406,10 @@ def block_fp8(precision: str) -> bool:
 
 
 def bf16_gather(precision: str) -> bool:
-    """Whether ZeRO-1 gathers FP32 parameters as BF16 under the recipe (infir.train.optimizer.bf16_param_gather)."""
-    import torch
+    """Whether ZeRO-1 gathers FP32 parameters as BF16 under the recipe, as the trainer decides it."""
+    from infir.train.optimizer import bf16_param_gather
 
-    r = recipe_of(precision)
-    return not r.fp8 and r.compute_dtype == torch.bfloat16
+    return bf16_param_gather(recipe_of(precision), sharded=True)
 
 
 def data_parallel(precision: str, layout: Layout, fp8_params: str = "off") -> DataParallel:

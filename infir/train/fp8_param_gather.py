@@ -28,7 +28,7 @@ from infir.fp8.dispatch import block_range_amax, quantize_block_range
 from infir.fp8.formats import get_format, scale_from_amax
 from infir.fp8.gemm import block_layout_copies
 from infir.fp8.quantize import WEIGHT_BLOCK
-from infir.train.param_gather import ExactParams, sync_full
+from infir.train.param_gather import ExactParams, gather_full
 
 
 def gathers_in_fp8(recipe: Recipe) -> bool:
@@ -131,7 +131,7 @@ class BucketFp8Gather:
 
     def sync_params(self) -> None:
         """The parameters in full on every rank (the plain parameter gather), where they are read as such."""
-        sync_full(self.bucket.param_data, self.group)
+        gather_full(self.bucket.param_data, self.group)
 
 
 def _blocks(shape) -> int:

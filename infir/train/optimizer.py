@@ -322,9 +322,9 @@ class DataParallelOptimizer:
             v.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
 
     def _gather(self, bucket):
-        share = bucket.param_data.numel() // self.group.size()
-        mine = bucket.param_data[self.group.rank() * share:(self.group.rank() + 1) * share]
-        return dist.all_gather_into_tensor(bucket.param_data, mine, group=self.group, async_op=True)
+        from infir.train.param_gather import gather_full
+
+        return gather_full(bucket.param_data, self.group, async_op=True)
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -62,10 +62,11 @@ class ExactParams:
             torch._foreach_copy_(self.places, self.sources)
 
 
-def sync_full(data: torch.Tensor, group) -> None:
-    """The bucket's parameters in full, in their own dtype, on every rank (the plain parameter gather)."""
+def gather_full(data: torch.Tensor, group, async_op: bool = False):
+    """The bucket's parameters in full, in their own dtype, on every rank (the plain parameter gather); its work
+    where `async_op`."""
     rank, share = group.rank(), data.numel() // group.size()
-    dist.all_gather_into_tensor(data, data[rank * share:(rank + 1) * share], group=group)
+    return dist.all_gather_into_tensor(data, data[rank * share:(rank + 1) * share], group=group, async_op=async_op)
 
 
 class BucketBf16Gather:
@@ -112,4 +113,4 @@ class BucketBf16Gather:
         self.exact.finish()
 
     def sync_params(self) -> None:
-        sync_full(self.bucket.param_data, self.group)
+        gather_full(self.bucket.param_data, self.group)
