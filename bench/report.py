@@ -70,10 +70,20 @@ def load_runs(*folders: Path) -> list[Run]:
     return sorted(runs, key=lambda r: (r.env.get("date", ""), str(r.folder), r.kind))
 
 
-def measured_before_a_fix(run: Run) -> bool:
-    """A run whose caveat says it measured code that a later commit corrected (its figures describe neither the
-    code as it is nor what the step should cost)."""
-    return any(note.startswith("caveat: measured before commit") for note in run.notes)
+CAVEAT = "caveat: measured before commit"
+
+
+def measured_before_a_fix(run: Run, row: dict | None = None) -> bool:
+    """Whether a caveat says the run (or, given, this row of it) measured code that a later commit corrected:
+    its figures describe neither the code as it is nor what the step should cost. A caveat that names a case
+    ("caveat: measured before commit C, case PRECISION: why") holds for that case's rows only, not the run."""
+    for note in run.notes:
+        if not note.startswith(CAVEAT):
+            continue
+        case = re.match(CAVEAT + r" \w+, case (\S+):", note)
+        if case is None or (row is not None and row.get("precision") == case.group(1)):
+            return True
+    return False
 
 
 def fmt(v) -> str:

@@ -255,7 +255,8 @@ def profile_shares(run: Run, row: dict) -> dict | None:
 
 
 def step_records(runs: list[Run]) -> list[Measured]:
-    """Every timed row of infir's trainer in bench/step.py results, the newest of each configuration."""
+    """Every timed row of infir's trainer in bench/step.py results, the newest of each configuration, less the
+    rows a case's caveat says were measured before a fix."""
     from infir.fp8 import RECIPES
 
     newest: dict[tuple, Measured] = {}
@@ -263,7 +264,8 @@ def step_records(runs: list[Run]) -> list[Measured]:
         if not run.kind.startswith("step"):
             continue
         for row in run.rows("step_ms"):
-            if not is_number(row.get("step_ms")) or row.get("precision", "").partition("+")[0] not in RECIPES:
+            if not is_number(row.get("step_ms")) or row.get("precision", "").partition("+")[0] not in RECIPES \
+                    or measured_before_a_fix(run, row):
                 continue
             m = Measured(run, row, run_layout(run, row), case_of(row["precision"]), profile_shares(run, row))
             key = (row["model"], row["seq"], row.get("mbs"), row.get("accum"), row["precision"], m.layout, m.device)

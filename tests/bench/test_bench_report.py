@@ -197,3 +197,16 @@ def test_the_dp_table_keeps_the_newest_run_of_each_size_and_leaves_out_withdrawn
     section = page.split("## Data-parallel scaling")[1]
     assert "| 4 | bf16 | 40000 | 86.8 |" in section and "| 2 | bf16 | 40000 | 94.3 |" in section
     assert "91" not in section and "99.9" not in section and "ddddddd" not in page
+
+
+def test_a_caveat_naming_a_case_holds_for_that_case_only():
+    """A run measured before a fix is left out of what models the code as it is; a caveat that names a case
+    leaves out that case's rows, and the run's other cases stand."""
+    fp8pg = "fp8_blockwise_ue8m0+optimizer.fp8_param_gather=true"
+    scoped = report.Run("step_dp2_a1", Path("."), {}, [f"caveat: measured before commit abc1234, case {fp8pg}: why"], [])
+    whole = report.Run("step_dp2_a1", Path("."), {}, ["caveat: measured before commit abc1234: why"], [])
+    plain = report.Run("step_dp2_a1", Path("."), {}, ["caveat: no NVML on this host"], [])
+    assert report.measured_before_a_fix(scoped, {"precision": fp8pg})
+    assert not report.measured_before_a_fix(scoped, {"precision": "bf16"}) and not report.measured_before_a_fix(scoped)
+    assert report.measured_before_a_fix(whole) and report.measured_before_a_fix(whole, {"precision": "bf16"})
+    assert not report.measured_before_a_fix(plain, {"precision": fp8pg})
