@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import platform
 import sys
 
@@ -29,7 +30,16 @@ def header() -> str:
         f"- command: `python {' '.join(sys.argv)}`",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
     ]
+    if settings := launch_settings():
+        lines.append(f"- environment: {settings}")
     return "\n".join(lines)
+
+
+def launch_settings() -> str:
+    """The environment variables that change how kernels and collectives are issued (the hardware queues, NCCL's
+    channels and protocols), as set for this run: part of how a timing was measured."""
+    return " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
+                    if k == "CUDA_DEVICE_MAX_CONNECTIONS" or (k.startswith("NCCL_") and not k.endswith("_VERSION")))
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:

@@ -5,6 +5,12 @@ the same case on one GPU (DP=1), with the exposed communication of its profiled 
     python3 bench/step.py ... --out OUT/step_dp1.md                                    # one process
     torchrun --nproc_per_node 2 bench/step.py ... --out OUT/step_dp2.md                # the same cases
     python3 bench/dp_scaling.py --one OUT/step_dp1.json --many OUT/step_dp2.json --out OUT/dp_scaling.md
+    # and, beside it, the same one-GPU cases on every GPU at once (bench/step.py --beside, no communication):
+    python3 bench/dp_scaling.py ... --beside OUT/beside_dp1_gpu*.json
+
+With --beside, each case's tokens/s per GPU is also given against the one-GPU runs timed at once on all the
+host's GPUs: what N busy GPUs of one host give (each at its power cap, sharing the host's CPUs and memory),
+so that what remains below it is what data parallelism's communication costs.
 
 bench/step.py keeps `--accum` micro-batches per GPU at every DP size (the global batch grows with DP), so
 per-GPU tokens/s compare directly. A case at DP=N may carry optimizer overrides the DP=1 run does not
@@ -52,9 +58,15 @@ def _profiled(result: dict, row: dict, column: str) -> float | None:
     return None
 
 
-def scaling_rows(one: dict, many: list[dict]) -> list[dict]:
-    """One row per DP>1 case that has a DP=1 counterpart with a measured step."""
-    base = {_key(r): r for r in _table(one, "model") if isinstance(r.get("step_ms"), (int, float))}
+def _measured(result: dict) -> dict:
+    return {_key(r): r for r in _table(result, "model") if isinstance(r.get("step_ms"), (int, float))}
+
+
+def scaling_rows(one: dict, many: list[dict], beside: list[dict] = ()) -> list[dict]:
+    """One row per DP>1 case that has a DP=1 counterpart with a measured step; where the one-GPU cases were
+    also timed on every GPU at once (`beside`), against their mean too."""
+    base = _measured(one)
+    together = [_measured(b) for b in beside]
     rows = []
     for result in many:
         dp = _ranks(result)
@@ -66,6 +78,7 @@ def scaling_rows(one: dict, many: list[dict]) -> list[dict]:
             rows.append({"model": r["model"], "seq": r["seq"], "case": r["precision"], "accum": r["accum"], "DP": dp,
                          "tokens/s per GPU": round(per_gpu), "DP=1 tokens/s": b["tokens/s"],
                          "% of DP=1": 100 * per_gpu / b["tokens/s"],
+                         **({"% of DP=1 beside": 100 * per_gpu / _mean_tokens(together, _key(r))} if together else {}),
                          "exposed comm % of GPU time": _profiled(result, r, "exposed communication"),
                          "peak GiB": r.get("peak_mem_GiB"), "DP=1 peak GiB": b.get("peak_mem_GiB"),
                          "param gather MiB per rank": r.get("param_gather_MiB"),
@@ -73,21 +86,34 @@ def scaling_rows(one: dict, many: list[dict]) -> list[dict]:
     return rows
 
 
+def _mean_tokens(results: list[dict], key: tuple) -> float:
+    values = [m[key]["tokens/s"] for m in results if key in m]
+    if len(values) != len(results):
+        raise SystemExit(f"dp_scaling: case {key} was not timed in every --beside result ({len(values)} of {len(results)})")
+    return sum(values) / len(values)
+
+
 def main() -> None:
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--one", required=True, help="bench/step.py's result file of the one-GPU run")
     p.add_argument("--many", nargs="+", required=True, help="result files of the same cases under torchrun")
+    p.add_argument("--beside", nargs="*", default=[],
+                   help="result files of the one-GPU cases timed on every GPU at once (bench/step.py --beside)")
     args = p.parse_args()
     one = json.loads(Path(args.one).read_text())
     many = [json.loads(Path(f).read_text()) for f in args.many]
-    rows = scaling_rows(one, many)
+    beside = [json.loads(Path(f).read_text()) for f in args.beside]
+    rows = scaling_rows(one, many, beside)
     if not rows:
         raise SystemExit(f"dp_scaling: no case of {', '.join(args.many)} matches one of {args.one}; run the same "
                          "--cases (optimizer.* overrides aside) in both")
-    devices = sorted({r["env"].get("device", "?") for r in [one, *many]})
-    emit("Data-parallel scaling, infir trainer (tokens/s per GPU vs one GPU, same cases)",
-         [f"devices: {', '.join(devices)}; DP=1 command: `{one['env'].get('command', '')}`",
-          markdown_table(rows)], args.out)
+    devices = sorted({r["env"].get("device", "?") for r in [one, *many, *beside]})
+    notes = [f"devices: {', '.join(devices)}; DP=1 command: `{one['env'].get('command', '')}`"]
+    if beside:
+        notes.append(f"% of DP=1 beside: against the mean of {len(beside)} one-GPU runs timed at once, one per GPU "
+                     f"(`{beside[0]['env'].get('command', '')}`)")
+    emit("Data-parallel scaling, infir trainer (tokens/s per GPU vs one GPU, same cases)", [*notes, markdown_table(rows)],
+         args.out)
 
 
 if __name__ == "__main__":

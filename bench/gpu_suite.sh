@@ -20,7 +20,8 @@
 #                                          seq 4096, $ACCUM micro-batches per GPU, BF16 and FP8 with sharded states
 #                                          (ZeRO-1, overlapped reduce; FP8 with and without the FP8 parameter gather)
 #                                          and with replicated ones, un-overlapped (the old path); bench/dp_scaling.py
-#                                          gives tokens/s per GPU against DP=1
+#                                          gives tokens/s per GPU against DP=1 (BESIDE=1: and against the one-GPU
+#                                          cases timed on every GPU at once, bench/step.py --beside)
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -143,8 +144,25 @@ for stage in "$@"; do
         --seq 4096 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_dp${N}_a$ACCUM.md" \
         ${TRACE:+--trace "$OUT/trace_dp${N}_a$ACCUM"} \
         --cases $M:bf16 $M:fp8_blockwise_ue8m0 "$M:fp8_blockwise_ue8m0+optimizer.fp8_param_gather=true" "${BASELINE[@]}"
+      BESIDE_FILES=()
+      if [ "${BESIDE:-0}" = 1 ]; then  # BESIDE=1: the one-GPU cases also on every GPU at once, timed together
+        MEET=$(mktemp -d)
+        for i in $(seq 0 $((N - 1))); do
+          CUDA_VISIBLE_DEVICES=$i python3 bench/step.py --seq 4096 --steps 5 --accum "$ACCUM" --beside "$MEET:$N" \
+            --out "$OUT/beside_dp1_a${ACCUM}_gpu$i.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0 \
+            >"$OUT/beside_dp1_a${ACCUM}_gpu$i.log" 2>&1 &
+        done
+        wait || true
+        for i in $(seq 0 $((N - 1))); do
+          f="$OUT/beside_dp1_a${ACCUM}_gpu$i.json"
+          if [ -f "$f" ]; then BESIDE_FILES+=("$f"); else echo "!! beside_dp1_a${ACCUM}_gpu$i failed"; status=1; fi
+        done
+        [ ${#BESIDE_FILES[@]} = "$N" ] || BESIDE_FILES=()
+        rm -rf "$MEET"
+      fi
       run "dp_scaling_a$ACCUM" python3 bench/dp_scaling.py --one "$OUT/step_dp1_a$ACCUM.json" \
-        --many "$OUT/step_dp${N}_a$ACCUM.json" --out "$OUT/dp_scaling_a$ACCUM.md" ;;
+        --many "$OUT/step_dp${N}_a$ACCUM.json" ${BESIDE_FILES[@]:+--beside "${BESIDE_FILES[@]}"} \
+        --out "$OUT/dp_scaling_a$ACCUM.md" ;;
     step-1.5b)
       run step_1.5b python3 bench/step.py --seq 4096 --steps 3 --accum "$ACCUM" --profile --out "$OUT/step_1.5b.md" \
         --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 qwen2.5-1.5b:none:fp8_blockwise_fp32 \

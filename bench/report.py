@@ -104,12 +104,13 @@ def run_line(run: Run, page_dir: Path) -> str:
 
 
 def command(run: Run) -> str:
-    """The command as printed; a run of several ranks as torchrun launched it."""
+    """The command as printed, after the launch settings it ran under; a run of several ranks as torchrun
+    launched it."""
     cmd = run.env.get("command", "")
     ranks = world_size(run)
     if ranks > 1 and cmd.startswith("python "):
-        return f"python -m torch.distributed.run --standalone --nproc_per_node {ranks} {cmd[len('python '):]}"
-    return cmd
+        cmd = f"python -m torch.distributed.run --standalone --nproc_per_node {ranks} {cmd[len('python '):]}"
+    return " ".join(filter(None, [run.env.get("environment"), cmd]))
 
 
 def parallel_line(run: Run) -> str:
@@ -270,7 +271,8 @@ def newest_per_size(runs: list[Run]) -> list[Run]:
 
 
 DP_KINDS = ["dp_scaling_a4", "dp_scaling_a1"]
-DP_COLUMNS = ["model", "seq", "accum", "DP", "case", "tokens/s per GPU", "% of DP=1", "exposed comm % of GPU time",
+DP_COLUMNS = ["model", "seq", "accum", "DP", "case", "tokens/s per GPU", "% of DP=1", "% of DP=1 beside",
+              "exposed comm % of GPU time",
               "peak GiB", "DP=1 peak GiB", "param gather MiB per rank"]
 
 

@@ -47,6 +47,9 @@ def parse_env(header: list[str]) -> dict:
             env["command"] = m.group(1)
         if m := re.match(r"- date: (.*?)(?: UTC)?$", line):
             env["date"] = m.group(1)
+        if m := re.match(r"- environment: (.*)$", line):
+            env["environment"] = m.group(1)
+            continue
         for key, pattern in VERSION_PATTERNS.items():
             if (m := re.search(pattern, line)) and not line.startswith(("- command", "- date")):
                 env.setdefault(key, m.group(1))
@@ -63,7 +66,7 @@ def parse_report(text: str) -> dict:
     and as the cells' printed text; the other text lines are the report's notes."""
     lines = text.splitlines()
     title = next((ln[3:].strip() for ln in lines if ln.startswith("## ")), "")
-    header = [ln for ln in lines if re.match(r"- (device|torch|versions|command|date|PCIe)\b", ln)]
+    header = [ln for ln in lines if re.match(r"- (device|torch|versions|command|date|environment|PCIe)\b", ln)]
     notes, tables, last_text = [], [], None
     i = 0
     while i < len(lines):

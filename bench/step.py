@@ -43,6 +43,8 @@ from hf_peer import HF_PRECISIONS  # noqa: E402
 SPEC_PEAK = 989.0
 CLOCK_SAMPLE_MS = 0.0  # --clock-sample-ms: how often PowerMeter reads the SM clock (0: never)
 TRACE_DIR = None  # --trace: where profile_step writes each rank's GPU timeline (save_trace)
+BESIDE: tuple[Path, int] | None = None  # --beside: where the processes timed at once meet, and how many they are
+_meetings = 0  # the timed runs this process has begun: the same count in every process of one --beside
 
 
 def block_shapes(size, tp: int = 1) -> list[tuple[int, int]]:
@@ -368,6 +370,27 @@ class PowerMeter:
         return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1e3, capped.violationTime / 1e9
 
 
+def meet_beside(timeout_s: float = 900.0) -> None:
+    """--beside DIR:N: wait, warmed up, until the N processes (one per GPU, with no communication between them)
+    have all come to this timed run, so that their timed steps run at once: what N GPUs of one host give when
+    all of them are busy (power, clocks, host CPUs and memory shared), against which a data-parallel step's
+    communication is what remains. A file per process under DIR/<the run's ordinal> marks who has come."""
+    global _meetings
+    if BESIDE is None:
+        return
+    folder, n = BESIDE
+    here = folder / str(_meetings)
+    _meetings += 1
+    here.mkdir(parents=True, exist_ok=True)
+    (here / str(os.getpid())).touch()
+    deadline = time.monotonic() + timeout_s
+    while len(list(here.iterdir())) < n:
+        if time.monotonic() > deadline:
+            sys.exit(f"step.py: --beside {folder}:{n}: {len(list(here.iterdir()))} of {n} processes came to timed run "
+                     f"{_meetings - 1} in {timeout_s:.0f} s; start all {n} with the same --cases and an empty {folder}")
+        time.sleep(0.02)
+
+
 def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, gpus: int = 1) -> dict:
     """step(i) three times to warm up (compile, autotune), then `steps` timed: the throughput
     columns (from the median step time; TFLOP/s and MFU per GPU of the `gpus` sharing the step), and
@@ -375,6 +398,7 @@ def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, g
     for i in range(3):
         step(i)
     torch.cuda.synchronize()
+    meet_beside()
     times, spans, power, meter = [], [], [], PowerMeter()
     for i in range(steps):  # every step ends in a host sync (the loss's .item()), so timing each adds none
         before = meter.read()
@@ -552,15 +576,23 @@ def main() -> None:
                    help="also read the SM clock this often (ms) from a thread and print each step's mean")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="with --profile: write each rank's GPU timeline of the profiled steps to DIR (save_trace)")
+    p.add_argument("--beside", default=None, metavar="DIR:N",
+                   help="one of N processes started at once, one per GPU (CUDA_VISIBLE_DEVICES), no communication "
+                        "between them: each case's timed steps wait for all N (meeting under the empty folder DIR)")
     p.add_argument("--parallel", default="single", help="a conf/parallel name (tp2: launch 2 ranks with torchrun)")
     p.add_argument("--cases", nargs="*", default=None,
                    help="explicit MODEL:RECOMPUTE:PRECISION[+OVERRIDE,...] triples instead of the full cross "
                         "product (overrides: Hydra ones for that case); "
                         f"PRECISION may also be an HF transformers peer: {', '.join(HF_PRECISIONS)}")
     args = p.parse_args()
-    global CLOCK_SAMPLE_MS, TRACE_DIR
+    global CLOCK_SAMPLE_MS, TRACE_DIR, BESIDE
     CLOCK_SAMPLE_MS = args.clock_sample_ms
     TRACE_DIR = args.trace
+    if args.beside:
+        folder, _, n = args.beside.rpartition(":")
+        if not folder or not n.isdigit() or int(n) < 1:
+            p.error(f"--beside {args.beside}: expected DIR:N (a folder and how many processes meet there)")
+        BESIDE = (Path(folder), int(n))
     rank = int(os.environ.get("RANK", "0"))
     reporting = rank == 0  # every rank runs every case; rank 0 reports
     if not reporting:  # the other ranks' own timings and profiles: a slow rank shows up in its log
@@ -596,6 +628,9 @@ def main() -> None:
         print(row, flush=True)
     sections = [f"parallel: {args.parallel}, {int(os.environ.get('WORLD_SIZE', '1'))} rank(s); TFLOP/s and MFU per GPU",
                 markdown_table(rows)]
+    if BESIDE:
+        sections.insert(0, f"beside: one of {BESIDE[1]} processes, one per GPU, whose timed steps ran at once (no "
+                           "communication between them)")
     ratios = []
     for row in rows:
         if row.get("precision", "").partition("+")[0] in ("bf16", *HF_PRECISIONS) or not isinstance(row.get("step_ms"), float):

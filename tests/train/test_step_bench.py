@@ -2,10 +2,12 @@
 the collectives' time had no compute kernel beside it (a hand-made timeline)."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -75,3 +77,18 @@ def test_gap_histogram_bins_every_gap_once():
     rows = step.gap_histogram([3.0, 9.9, 10.0, 250.0, 499.0, 500.0, 2000.0])
     assert rows == [("<10 us", 2, 12.9), ("10-100 us", 1, 10.0), ("100-500 us", 2, 749.0),
                     (">=500 us", 2, 2500.0), ("all", 7, 3271.9)], rows
+
+
+def test_processes_timed_beside_each_other_meet_before_each_timed_run(tmp_path, monkeypatch):
+    """--beside DIR:N: a process waits at each timed run until N have come (here the other one came first),
+    and one left alone says how many came and what to do."""
+    monkeypatch.setattr(step, "_meetings", 0)
+    monkeypatch.setattr(step, "BESIDE", (tmp_path / "meet", 2))
+    (tmp_path / "meet" / "0").mkdir(parents=True)
+    (tmp_path / "meet" / "0" / "other").touch()
+    step.meet_beside(timeout_s=5)
+    assert sorted(p.name for p in (tmp_path / "meet" / "0").iterdir()) == sorted(["other", str(os.getpid())])
+    with pytest.raises(SystemExit, match="1 of 2 processes came to timed run 1.*same --cases"):
+        step.meet_beside(timeout_s=0.1)  # the second timed run: the other process never comes
+    monkeypatch.setattr(step, "BESIDE", None)
+    step.meet_beside(timeout_s=0)  # not beside others: nothing to wait for

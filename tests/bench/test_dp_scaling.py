@@ -1,0 +1,37 @@
+"""bench/dp_scaling.py on CPU: each DP case against its one-GPU twin, and against the one-GPU cases timed on
+every GPU at once (--beside), from hand-made bench/step.py result files."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import dp_scaling  # noqa: E402
+
+COLUMNS = ["model", "seq", "recompute", "accum", "precision", "step_ms", "tokens/s", "peak_mem_GiB"]
+
+
+def _result(ranks: int, rows: list[tuple[str, float]]) -> dict:
+    return {"env": {"device": "GPU", "command": "python bench/step.py"},
+            "notes": [f"parallel: single, {ranks} rank(s); TFLOP/s and MFU per GPU"],
+            "tables": [{"columns": COLUMNS, "rows": [dict(zip(COLUMNS, ["m", 4096, "none", 1, p, 100.0, t, 30.0]))
+                                                     for p, t in rows]}]}
+
+
+def test_each_dp_case_against_its_one_gpu_twin_and_the_twins_timed_at_once():
+    one = _result(1, [("bf16", 1000.0), ("fp8", 1200.0)])
+    many = _result(4, [("bf16", 3600.0), ("fp8+optimizer.fp8_param_gather=true", 4320.0)])
+    beside = [_result(1, [("bf16", 960.0), ("fp8", 1180.0)]), _result(1, [("bf16", 940.0), ("fp8", 1220.0)])]
+    rows = {r["case"]: r for r in dp_scaling.scaling_rows(one, [many], beside)}
+    assert rows["bf16"]["% of DP=1"] == pytest.approx(90.0) and rows["bf16"]["% of DP=1 beside"] == pytest.approx(900 / 9.5)
+    # an optimizer.* override compares with the case without it
+    assert rows["fp8+optimizer.fp8_param_gather=true"]["% of DP=1 beside"] == pytest.approx(108000 / 1200)
+    assert "% of DP=1 beside" not in dp_scaling.scaling_rows(one, [many])[0]
+
+
+def test_a_case_missing_from_a_run_beside_the_others_is_named():
+    one = _result(1, [("bf16", 1000.0)])
+    with pytest.raises(SystemExit, match="not timed in every --beside result"):
+        dp_scaling.scaling_rows(one, [_result(2, [("bf16", 1800.0)])], [_result(1, [("fp8", 1.0)])])
