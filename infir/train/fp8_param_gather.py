@@ -8,8 +8,10 @@ amax of its elements per block (infir.fp8 block_range_amax), one all-reduce MAX 
 16384 elements) gives every rank the whole weight's block scales, and each rank quantizes its range under
 them into a byte buffer laid out as the bucket. Its all-gather leaves every rank the FP8 weights, bit for
 bit those of quantizing the gathered weights (tests/train/test_fp8_param_gather.py); each layer's
-WeightCache adopts its slice of the buffer (no copy). The bucket's other parameters (norms, biases, an
-embedding sharing the bucket) go in a second gather in their own dtype.
+WeightCache adopts its slice of the buffer (no copy), so a bucket's gather is one collective in place. The
+buckets' other parameters (norms, biases, an embedding sharing a bucket) cross in their own dtype, all buckets'
+in one small gather beside the amax all-reduce, before the buckets' gathers start (a second collective per
+bucket would queue behind the first, or, grouped with it, slow it down: param_gather.py).
 
 What a rank does not own of an FP8 weight stays as the previous step left it in the parameter: nothing in
 a step reads it (fprop and dgrad read the FP8 copy, wgrad only activations). `sync_params` gathers those
@@ -21,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _coalescing_manager
 
 from infir.fp8 import Recipe, WeightCache
 from infir.fp8.dispatch import block_range_amax, quantize_block_range
@@ -55,8 +56,8 @@ class BucketFp8Gather:
 
     def __init__(self, buffer, bucket, group, targets: dict, recipe: Recipe):
         self.bucket, self.group, self.recipe = bucket, group, recipe
-        ranks, self.rank = group.size(), group.rank()
-        data = bucket.param_data
+        self.ranks, self.rank = group.size(), group.rank()
+        ranks, data = self.ranks, bucket.param_data
         self.share = data.numel() // ranks
         self.bytes = torch.zeros(data.numel(), dtype=torch.uint8, device=data.device)
         spans = {p: (buffer.param_index_map[p][0] - bucket.offset, buffer.param_index_map[p][1] - bucket.offset)
@@ -71,15 +72,16 @@ class BucketFp8Gather:
             self.weights.append(_Weight(p, targets[p], at, lo, max(lo, hi), None, None,
                                         self.bytes[at:end].view(dtype).view(p.shape)))
         self.blocks = sum(_blocks(p.shape) for p in fp8)  # block scales of its FP8 weights
-        # the bucket's other parameters (norms, biases, an embedding sharing the bucket) cross in their own dtype
-        self.others = ExactParams(data, [spans[p] for p in bucket.params if p not in targets], self.rank, ranks)
+        # the bucket's other parameters (norms, biases, an embedding sharing the bucket): gathered exactly, with
+        # every bucket's at once (Fp8ParamGather)
+        self.other_spans = [spans[p] for p in bucket.params if p not in targets]
         self.layout_copies: list = []  # its weights' scale layouts from their scales (block_layout_copies)
         self._adopted: list = []  # the QTensors those copies are of
 
     @property
     def wire_bytes(self) -> int:
         """Bytes this rank sends per step: its share of the FP8 buffer and its other parameters' elements."""
-        return self.share + self.others.wire_bytes
+        return self.share + ExactParams([(self.bucket.param_data, self.other_spans)], self.rank, self.ranks).wire_bytes
 
     def bind(self, amax: torch.Tensor, scales: torch.Tensor) -> None:
         """Its weights' block amaxes and scales as views of `amax` and `scales` ([self.blocks] each)."""
@@ -96,28 +98,20 @@ class BucketFp8Gather:
                 block_range_amax(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.amax)
 
     def start(self) -> list:
-        """Once the block scales are in: this rank's FP8 bytes under them, and the gathers of the bucket's
-        FP8 bytes and other parameters started (their works)."""
+        """Once the block scales are in: this rank's FP8 bytes under them, and the gather of the bucket's FP8
+        bytes started (its work)."""
         fmt = self.recipe.weight
         for w in self.weights:
             if w.hi > w.lo:
                 quantize_block_range(w.param.detach().view(-1)[w.lo:w.hi], w.lo, tuple(w.param.shape), w.scale,
                                      fmt.scale_format, fmt.fmt, out=w.data.view(-1)[w.lo:w.hi])
-        # one NCCL group for both gathers: as two collectives on the communication stream the second waits there
-        # for the first, which waits for every rank to reach it, and with CUDA_DEVICE_MAX_CONNECTIONS=1 the
-        # compute issued behind it waited too, once per bucket (optimizer.py, `_start_next`)
-        self.others.pack()
         lo = self.rank * self.share
-        with _coalescing_manager(group=self.group, async_ops=True) as gathers:
-            self.others.gather(self.group)
-            dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group)
-        return [gathers]
+        return [dist.all_gather_into_tensor(self.bytes, self.bytes[lo:lo + self.share], group=self.group, async_op=True)]
 
     def finish(self, works: list) -> None:
-        """Wait for the gathers; the other ranks' elements of the non-FP8 parameters into place."""
+        """Wait for the gather."""
         for work in works:
             work.wait()
-        self.others.finish()
 
     def adopt(self) -> None:
         """Each layer's FP8 weight is its slice of the gathered bytes (after the parameters' versions moved),
@@ -140,9 +134,10 @@ def _blocks(shape) -> int:
 
 class Fp8ParamGather:
     """The FP8 gathers of every bucket that takes one: one all-reduce of every weight's block amaxes after
-    the step, then each bucket's quantization and gathers, as the forward comes to it. One exchange, not one
-    per bucket: a collective between two buckets' steps would queue behind the gathers already started on
-    the communication stream, and the next bucket's step would wait for them."""
+    the step and one gather of every bucket's other parameters, then each bucket's quantization and gather,
+    as the forward comes to it. One exchange, not one per bucket: a collective between two buckets' steps
+    would queue behind the gathers already started on the communication stream, and the next bucket's step
+    would wait for them."""
 
     def __init__(self, buckets: list[BucketFp8Gather], group):
         self.buckets, self.group = {b.bucket: b for b in buckets}, group
@@ -155,15 +150,25 @@ class Fp8ParamGather:
             b.bind(self.amax[edge:edge + b.blocks], self.scales[edge:edge + b.blocks])
             edge += b.blocks
         self.recipe = buckets[0].recipe
+        ranks, rank = group.size(), group.rank()
+        self.exact = ExactParams([(b.bucket.param_data, b.other_spans) for b in buckets], rank, ranks)
+        self.packed = torch.empty(self.exact.length, dtype=self.exact.dtype, device=device)
+        self.gathered = torch.empty(self.exact.length * ranks, dtype=self.exact.dtype, device=device)
+        self.exact.land(list(self.gathered.view(ranks, -1)) if self.exact.length else [])
 
     def exchange_scales(self) -> None:
         """After every bucket's share is stepped: the block scales of every weight, from their amaxes over
-        the ranks' shares (each bucket then starts its own gather, BucketFp8Gather.start)."""
+        the ranks' shares, and the buckets' other parameters (each bucket then starts its own gather,
+        BucketFp8Gather.start)."""
         fmt = self.recipe.weight
         self.amax.zero_()
         for b in self.buckets.values():
             b.write_amax()
         dist.all_reduce(self.amax, op=dist.ReduceOp.MAX, group=self.group)
+        if self.exact.length:  # the other parameters, in full on every rank before any forward reads them
+            self.exact.pack(self.packed)
+            dist.all_gather_into_tensor(self.gathered, self.packed, group=self.group)
+            self.exact.finish()
         self.scales.copy_(scale_from_amax(self.amax, get_format(fmt.fmt), fmt.scale_format))
         # the layouts scaled_mm reads of the weights' scales, which WeightCache.adopt leaves to us, in one call;
         # before any forward of the step has saved them for its backward
