@@ -173,7 +173,9 @@ class WeightRefresh:
         pending = any(getattr(m.weight, "gather_pending", False) for m in self.linears)
         stale = [m for m in self.linears
                  if not getattr(m.weight, "gather_pending", False) and not m.weight_cache.fresh(m.weight, m.recipe)]
-        if stale and not pending and self._graphable():
+        # the graph re-quantizes every weight from its parameter: only where all are stale. A fresh one may hold
+        # FP8 bytes no parameter here gives (the FP8 parameter gather's, beside parameters gathered in full)
+        if stale and len(stale) == len(self.linears) and not pending and self._graphable():
             self._replay()
         else:
             for m in stale:

@@ -458,3 +458,34 @@ def test_layout_copies_bring_an_adopted_weights_scale_layouts_up_to_date(shape):
     for transposed in (False, True):
         assert torch.equal(scaled_mm_scale(adopted, transposed), scaled_mm_scale(fresh, transposed)), transposed
     assert len(block_layout_copies(adopted)) == (1 if shape[1] == 512 else 2)
+
+
+def test_weight_refresh_replays_its_graph_only_where_every_weight_is_stale(monkeypatch):
+    """The graph re-quantizes every weight from its parameter; a weight already fresh (its FP8 bytes adopted from
+    the FP8 parameter gather, whose parameter holds only this rank's share up to date) must not be overwritten:
+    the stale ones are then re-quantized eagerly, one by one."""
+    from infir.model.fp8_linears import WeightRefresh
+
+    model = _Layers("cpu")
+    refresh = _refresh_of(model)
+    model()  # the first fill
+    replays = []
+    monkeypatch.setattr(WeightRefresh, "_graphable", lambda self: True)
+    monkeypatch.setattr(WeightRefresh, "_replay", lambda self: replays.append(len(self.linears)))
+    kept = model.layers[0].weight_cache.q.data.clone()
+    with torch.no_grad():
+        for m in model.layers[1:]:
+            m.weight.mul_(2.0)
+        model.layers[0].weight.data.mul_(3.0)  # bytes the cache holds that the parameter no longer gives
+    model.layers[0].weight_cache.mark_fresh(model.layers[0].weight, model.layers[0].recipe)
+    model()
+    assert replays == []
+    assert torch.equal(model.layers[0].weight_cache.q.data.view(torch.uint8), kept.view(torch.uint8))
+    for m in model.layers[1:]:
+        want = WeightCache().get(m.weight, m.recipe)
+        assert torch.equal(m.weight_cache.q.data.view(torch.uint8), want.data.view(torch.uint8))
+    with torch.no_grad():
+        for m in model.layers:  # an optimizer step: every weight stale, one replay
+            m.weight.mul_(0.5)
+    model()
+    assert replays == [len(model.layers)]
