@@ -21,7 +21,9 @@
 #                                          (ZeRO-1, overlapped reduce; FP8 with and without the FP8 parameter gather)
 #                                          and with replicated ones, un-overlapped (the old path); bench/dp_scaling.py
 #                                          gives tokens/s per GPU against DP=1 (BESIDE=1: and against the one-GPU
-#                                          cases timed on every GPU at once, bench/step.py --beside)
+#                                          cases timed on every GPU at once, bench/step.py --beside); DP_EXTRA="CASE ..."
+#                                          adds cases (PRECISION[+OVERRIDES]) to every run, e.g.
+#                                          DP_EXTRA=bf16+model.compile_mode=reduce-overhead
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
@@ -136,20 +138,22 @@ for stage in "$@"; do
       N=$(python3 -c "import torch; print(torch.cuda.device_count())")
       M=qwen2.5-1.5b:none
       OLD=optimizer.distributed=false,optimizer.overlap_grad_reduce=false
+      EXTRA=(); for c in ${DP_EXTRA:-}; do EXTRA+=("$M:$c"); done  # DP_EXTRA="CASE ...": more cases, on one GPU and on all
       run "step_dp1_a$ACCUM" python3 bench/step.py --seq 4096 --steps 5 --accum "$ACCUM" --profile \
-        --out "$OUT/step_dp1_a$ACCUM.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0
+        --out "$OUT/step_dp1_a$ACCUM.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0 "${EXTRA[@]}"
       BASELINE=("$M:bf16+$OLD" "$M:fp8_blockwise_ue8m0+$OLD")
       [ "${DP_BASELINE:-1}" = 0 ] && BASELINE=()  # DP_BASELINE=0: the sharded cases only
       run "step_dp${N}_a$ACCUM" python3 -m torch.distributed.run --standalone --nproc_per_node "$N" bench/step.py \
         --seq 4096 --steps 5 --accum "$ACCUM" --profile --out "$OUT/step_dp${N}_a$ACCUM.md" \
         ${TRACE:+--trace "$OUT/trace_dp${N}_a$ACCUM"} \
-        --cases $M:bf16 $M:fp8_blockwise_ue8m0 "$M:fp8_blockwise_ue8m0+optimizer.fp8_param_gather=true" "${BASELINE[@]}"
+        --cases $M:bf16 $M:fp8_blockwise_ue8m0 "$M:fp8_blockwise_ue8m0+optimizer.fp8_param_gather=true" "${EXTRA[@]}" \
+                "${BASELINE[@]}"
       BESIDE_FILES=()
       if [ "${BESIDE:-0}" = 1 ]; then  # BESIDE=1: the one-GPU cases also on every GPU at once, timed together
         MEET=$(mktemp -d)
         for i in $(seq 0 $((N - 1))); do
           CUDA_VISIBLE_DEVICES=$i python3 bench/step.py --seq 4096 --steps 5 --accum "$ACCUM" --beside "$MEET:$N" \
-            --out "$OUT/beside_dp1_a${ACCUM}_gpu$i.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0 \
+            --out "$OUT/beside_dp1_a${ACCUM}_gpu$i.md" --cases $M:bf16 $M:fp8_blockwise_ue8m0 "${EXTRA[@]}" \
             >"$OUT/beside_dp1_a${ACCUM}_gpu$i.log" 2>&1 &
         done
         wait || true
