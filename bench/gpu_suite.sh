@@ -159,7 +159,7 @@ for stage in "$@"; do
         wait || true
         for i in $(seq 0 $((N - 1))); do
           f="$OUT/beside_dp1_a${ACCUM}_gpu$i.json"
-          if [ -f "$f" ]; then BESIDE_FILES+=("$f"); else echo "!! beside_dp1_a${ACCUM}_gpu$i failed"; status=1; fi
+          if [ -f "$f" ]; then BESIDE_FILES+=("$f"); else echo "!! beside_dp1_a${ACCUM}_gpu$i failed (see its .log)"; status=1; fi
         done
         [ ${#BESIDE_FILES[@]} = "$N" ] || BESIDE_FILES=()
         rm -rf "$MEET"

@@ -56,8 +56,8 @@ class BucketFp8Gather:
 
     def __init__(self, buffer, bucket, group, targets: dict, recipe: Recipe):
         self.bucket, self.group, self.recipe = bucket, group, recipe
-        self.ranks, self.rank = group.size(), group.rank()
-        ranks, data = self.ranks, bucket.param_data
+        ranks, self.rank = group.size(), group.rank()
+        data = bucket.param_data
         self.share = data.numel() // ranks
         self.bytes = torch.zeros(data.numel(), dtype=torch.uint8, device=data.device)
         spans = {p: (buffer.param_index_map[p][0] - bucket.offset, buffer.param_index_map[p][1] - bucket.offset)
@@ -75,13 +75,10 @@ class BucketFp8Gather:
         # the bucket's other parameters (norms, biases, an embedding sharing the bucket): gathered exactly, with
         # every bucket's at once (Fp8ParamGather)
         self.other_spans = [spans[p] for p in bucket.params if p not in targets]
+        # bytes this rank sends per step: its share of the FP8 buffer and its elements of the other parameters
+        self.wire_bytes = self.share + ExactParams([(data, self.other_spans)], self.rank, ranks).wire_bytes
         self.layout_copies: list = []  # its weights' scale layouts from their scales (block_layout_copies)
         self._adopted: list = []  # the QTensors those copies are of
-
-    @property
-    def wire_bytes(self) -> int:
-        """Bytes this rank sends per step: its share of the FP8 buffer and its other parameters' elements."""
-        return self.share + ExactParams([(self.bucket.param_data, self.other_spans)], self.rank, self.ranks).wire_bytes
 
     def bind(self, amax: torch.Tensor, scales: torch.Tensor) -> None:
         """Its weights' block amaxes and scales as views of `amax` and `scales` ([self.blocks] each)."""
