@@ -7,7 +7,8 @@ of real size, e.g. 7B at TP=2.
 Per mode (async; sync for comparison): the median of the steps before the save, the time save() takes to
 return, the step right after it (the host copies run beside its forward and backward, the writer thread
 beside all of it), and the time from save() until the checkpoint is committed. The stall is save()'s time
-plus the step after's excess over the median. Written: the checkpoint's bytes, every rank's files.
+plus the step after's excess over the median. Written: the checkpoint's bytes, every rank's files. Async also
+gives the host buffers' size and how long making them took (once, after the first step: not part of the stall).
 """
 from __future__ import annotations
 
@@ -51,8 +52,10 @@ def measure(mode: str, args, run_dir: str) -> dict:
     committed = time.perf_counter() - start
     written = sum(f.stat().st_size for f in ckpt_format.resolve(trainer.ckpt_root).iterdir())
     trainer.close()
+    staged = {"staging made s": trainer.staging_seconds, "staging GB": trainer.staging_bytes / 1e9} if trainer.staging else {}
     return {"mode": mode, "step s": base, "save() s": returned, "step after s": after,
-            "stall s": returned + max(after - base, 0.0), "until committed s": committed, "written GB": written / 1e9}
+            "stall s": returned + max(after - base, 0.0), "until committed s": committed, "written GB": written / 1e9,
+            **staged}
 
 
 def main() -> None:

@@ -478,6 +478,7 @@ def bench_config(model: str, seq: int, mbs: int, accum: int, recompute: str, pre
         f"model.recompute={recompute}", f"stage.seq_length={seq}", f"stage.micro_batch={mbs}",
         f"stage.global_batch={mbs * accum}", f"stage.iters={iters}", "stage.warmup_iters=10",
         f"run_dir={run_dir}", "train.save_interval=1000000", "train.eval_interval=0",
+        "train.async_save=false",  # no host buffers for checkpoints a timed case never writes
     ])
     # `accum` micro-batches per rank and step at any data-parallel size: DP=2 is twice DP=1's global batch
     dp = int(os.environ.get("WORLD_SIZE", "1")) // (cfg.parallel.tp * cfg.parallel.cp)

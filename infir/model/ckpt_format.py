@@ -45,9 +45,15 @@ def shard_path(iter_dir: Path, tp_rank: int) -> Path:
     return Path(iter_dir) / shard_name(tp_rank)
 
 
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of a megatron model that a checkpoint keeps (megatron's `_extra_state` holds none), where
+    they live: an asynchronous save copies them to host memory beside the next step, not before it goes on."""
+    return {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("_extra_state") and v is not None}
+
+
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors of a megatron model that a checkpoint keeps (megatron's `_extra_state` holds none)."""
-    return {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if not k.endswith("_extra_state") and v is not None}
+    """model_tensors on the host, contiguous."""
+    return {k: v.cpu().contiguous() for k, v in model_tensors(model).items()}
 
 
 def save_shard(iter_dir: Path, tp_rank: int, state: dict[str, torch.Tensor]) -> None:

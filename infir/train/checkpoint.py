@@ -14,6 +14,7 @@ import pickle
 import random
 import shutil
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -80,13 +81,19 @@ def _rank_files(model, optimizer, trainer_state: dict, info) -> dict[str, object
     writes its share; every rank writes its RNG state."""
     files = {}
     if info.dp_rank == 0 and info.cp_rank == 0:  # the other DP and CP ranks hold the same shard
-        files[fmt.shard_name(info.tp_rank)] = fmt.model_state(model)
+        files[fmt.shard_name(info.tp_rank)] = fmt.model_tensors(model)
         replicated = {} if optimizer.sharded else {"optimizer": optimizer.state_dict()}
         files[f"train_tp{info.tp_rank}.pt"] = {**replicated, **trainer_state}
     if optimizer.sharded:  # every data-parallel rank holds its own share of the states
         files[_optimizer_shard_file(info, optimizer)] = optimizer.state_dict()
     files[f"rng_rank{info.rank}.pt"] = _rng_state()
     return files
+
+
+def reserve(staging: "HostStaging", *, model, optimizer, info) -> int:
+    """Make `staging`'s host buffers for this rank's files ahead of its first save (once the optimizer's states
+    exist); their bytes."""
+    return staging.reserve(_rank_files(model, optimizer, {}, info))
 
 
 def write_file(path: Path, content) -> None:
@@ -106,6 +113,7 @@ class HostStaging:
     def __init__(self, device: torch.device | None = None):
         self._buffers: list[torch.Tensor] = []
         self._used, self._memo, self._storages = 0, {}, {}
+        self._copying = True  # False while reserve() walks a tree: buffers made, nothing copied
         # the copies' own stream, where the saved tensors live on a GPU (`device`)
         self.stream = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
         self.copied: torch.cuda.Event | None = None  # the end of the last copy, until the next write waits for it
@@ -124,6 +132,16 @@ class HostStaging:
             self.copied.record(self.stream)
         self._memo, self._storages = {}, {}
         return out
+
+    def reserve(self, tree) -> int:
+        """Make, ahead of a save, the host buffers copy(tree) will use (a tree of the same tensor sizes); their
+        bytes. Pinning takes seconds for tens of GiB, which the first save would otherwise stall training for."""
+        self._used, self._memo, self._storages, self._copying = 0, {}, {}, False
+        try:
+            self._copy(tree)
+        finally:
+            self._memo, self._storages, self._copying = {}, {}, True
+        return sum(b.numel() for b in self._buffers[:self._used])
 
     def before_writes(self) -> None:
         """Before work that writes in place a tensor the last save copied (the optimizer step): the GPU
@@ -156,11 +174,13 @@ class HostStaging:
         key = (storage.device, storage.data_ptr(), storage.nbytes())
         host = self._storages.get(key) if storage.nbytes() else None
         if host is None:
-            raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-            queued = raw.is_cuda and self.stream is not None
-            if queued:  # a tensor made for the save (a state dict's) is not freed for reuse before its copy ran
-                raw.record_stream(self.stream)
-            host = self._buffer(raw.numel(), t.is_cuda).copy_(raw, non_blocking=queued)
+            host = self._buffer(storage.nbytes(), t.is_cuda)
+            if self._copying:
+                raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+                queued = raw.is_cuda and self.stream is not None
+                if queued:  # a tensor made for the save (a state dict's) is not freed for reuse before its copy ran
+                    raw.record_stream(self.stream)
+                host.copy_(raw, non_blocking=queued)
             self._storages[key] = host
         return torch.empty(0, dtype=t.dtype).set_(host.untyped_storage(), t.storage_offset(), t.shape, t.stride())
 
@@ -168,9 +188,25 @@ class HostStaging:
         i, self._used = self._used, self._used + 1
         if i < len(self._buffers) and self._buffers[i].numel() == nbytes and self._buffers[i].is_pinned() == pinned:
             return self._buffers[i]
-        buf = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        buf = _pinned(nbytes) if pinned else torch.empty(nbytes, dtype=torch.uint8)
         self._buffers[i:i + 1] = [buf]
         return buf
+
+
+def _pinned(nbytes: int) -> torch.Tensor:
+    """`nbytes` of page-locked host memory, exactly: a plain allocation registered with CUDA, as
+    torch.distributed.checkpoint's stager pins, because torch's pinned allocator rounds every block up to a
+    power of two (a 7B checkpoint's 45 GiB a rank could hold up to twice that pinned)."""
+    buf = torch.empty(nbytes, dtype=torch.uint8)
+    if nbytes:
+        cudart = torch.cuda.cudart()
+        err = int(cudart.cudaHostRegister(buf.data_ptr(), nbytes, 1))  # 1: cudaHostRegisterPortable
+        if err:
+            raise RuntimeError(f"could not pin {_size(nbytes)} of host memory for train.async_save (cudaError {err}): "
+                               "free host memory, or set train.async_save=false")
+        # unregistered when the buffer goes, not at exit (the CUDA context may be gone by then)
+        weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr()).atexit = False
+    return buf
 
 
 class PendingSave:

@@ -57,9 +57,13 @@ def test_a_save_stalls_only_for_the_host_copy_and_writes_what_a_sync_save_does(d
                 # save() must not
                 with torch.cuda.stream(trainer.staging.stream):
                     torch.cuda._sleep(500_000_000)
+            made = list(trainer.staging._buffers) if trainer.staging else []
             start = time.perf_counter()
             trainer.save()
             took[mode] = time.perf_counter() - start
+            if mode == "true":  # the buffers were made after the first step; the save copied into them
+                assert made and trainer.staging_bytes == sum(b.numel() for b in made)
+                assert all(a is b for a, b in zip(trainer.staging._buffers, made, strict=True))
             committed_at_return = (run_dir / "checkpoints" / "latest").exists()
             trainer.train_step(2)  # steps on while the thread writes
             trainer.wait_save()
@@ -98,16 +102,23 @@ def assert_same_tree(a, b, where: str) -> None:
         assert a == b, where
 
 
-def test_staged_views_of_one_storage_pickle_as_the_originals(tmp_path):
+@pytest.mark.parametrize("reserved", [False, True])
+def test_staged_views_of_one_storage_pickle_as_the_originals(tmp_path, reserved):
     """Tensors that are views of one storage (a flat state buffer's slices, a transpose) are staged as views of
     one host copy: torch.save writes the bytes it writes for the originals, and a second save into the same
-    buffers writes the new values."""
+    buffers writes the new values. Buffers reserved ahead are those the saves copy into: one per storage, of
+    its size."""
     from infir.train.checkpoint import HostStaging
 
     flat = torch.arange(12.0)
-    tree = {"a": flat[:4], "b": flat[4:].view(2, 4).t(), "n": 3, "same": flat[:4], "empty": torch.empty(0)}
+    tree = {"a": flat[:4], "b": flat[4:].view(2, 4).t(), "n": 3, "same": flat[:4], "empty": torch.empty(0),
+            "other": torch.ones(3, dtype=torch.bfloat16)}
     tree["alias"] = tree["a"]
     staging = HostStaging()
+    if reserved:
+        assert staging.reserve(tree) == 12 * 4 + 3 * 2
+        made = list(staging._buffers)
+        assert [b.numel() for b in made] == [48, 0, 6]
     sync, staged = tmp_path / "sync" / "state.pt", tmp_path / "staged" / "state.pt"  # torch.save names its archive after the file
     sync.parent.mkdir(), staged.parent.mkdir()
     for _ in range(2):
@@ -115,6 +126,8 @@ def test_staged_views_of_one_storage_pickle_as_the_originals(tmp_path):
         torch.save(staging.copy(tree), staged)
         assert staged.read_bytes() == sync.read_bytes()
         flat.add_(1)
+        if reserved:
+            assert all(a is b for a, b in zip(staging._buffers, made, strict=True))
 
 
 # Runs infir-train with the writes of checkpoint iter_0000004 held up: it marks the file named first on the
