@@ -380,10 +380,10 @@ class Trainer:
         # Normalise by the global batch's loss tokens, so accumulation and DP give the exact token mean. Counted
         # on the host and summed through gloo: a GPU collective here would queue behind the previous step's
         # parameter all-gathers on the data-parallel communicator, and the forward would wait for all of them
-        # instead of for each layer's own bucket.
+        # instead of for each layer's own bucket. The sum is needed only at the first backward: the first
+        # forward is queued while the ranks meet, and the GPU does not idle for them.
         count = torch.tensor([sum(mb["loss_tokens"] for mb in micro_batches)], dtype=torch.float64)
-        dist.all_reduce(count, group=self._dp_group(gloo=True))
-        n_tokens = max(float(count), 1.0)
+        counted = dist.all_reduce(count, group=self._dp_group(gloo=True), async_op=True)
         self.model.zero_grad_buffer()
         loss_sum = torch.zeros((), device=self.device)
         for i, mb in enumerate(micro_batches):
@@ -391,6 +391,9 @@ class Trainer:
             sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else self.model.no_sync()
             with sync:
                 loss = self._forward(mb)
+                if i == 0:
+                    counted.wait()
+                    n_tokens = max(float(count), 1.0)
                 # megatron DDP averages gradients over the DP x CP ranks; undo that share of the mean here.
                 (loss * (self.info.dp * self.info.cp / n_tokens)).backward()
             loss_sum += loss.detach()
