@@ -21,6 +21,8 @@ kernels, compilation, CUDA graphs; its time is the `warm-up s` column.
 """
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import random
 import sys
@@ -173,6 +175,54 @@ def measure(model_dir: Path, tokenizer, mode: str, texts: list[str], sampling, a
     return {k: v for k, v in row.items() if v is not None}  # a blank cell: not measured in this mode
 
 
+def spread(args) -> list[dict]:
+    """Every (size, mode) in a process of its own on one of --gpus GPUs, as many at once as there are GPUs:
+    a mode's warm-up (compilation, CUDA graphs) and timed calls take minutes at 0.5B; the rows in the order
+    asked."""
+    import subprocess
+
+    jobs = [(size, mode) for size in args.sizes for mode in args.modes]
+    common = ["--device", args.device, "--batch", str(args.batch), "--prompts", str(args.prompts), "--n", str(args.n),
+              "--prompt-tokens", *map(str, args.prompt_tokens), "--new-tokens", str(args.new_tokens),
+              "--dtype", args.dtype, *(["--vocab", str(args.vocab)] if args.vocab else []),
+              *(["--threads", str(args.threads)] if args.threads else [])]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpus = visible.split(",")[:args.gpus] if visible else [str(g) for g in range(args.gpus)]
+    with tempfile.TemporaryDirectory() as tmp:
+        pending, running, free, rows = list(enumerate(jobs)), {}, gpus, {}
+        while pending or running:
+            while pending and free:
+                i, (size, mode) = pending.pop(0)
+                gpu, log = free.pop(0), os.path.join(tmp, f"{i}.log")
+                proc = subprocess.Popen([sys.executable, __file__, *common, "--sizes", size, "--modes", mode,
+                                         "--rows", os.path.join(tmp, f"{i}.json")],
+                                        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu},
+                                        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+                running[i] = (gpu, (size, mode), proc, log)
+            done = wait_any(running)
+            gpu, job, proc, log = running.pop(done)
+            free.append(gpu)
+            if proc.returncode:
+                for _, _, other, _ in running.values():
+                    other.kill()
+                raise SystemExit(f"generate.py: mode {job[1]} ({job[0]}) failed on GPU {gpu}, exit {proc.returncode}; "
+                                 f"its output ends:\n{Path(log).read_text()[-3000:]}")
+            rows[job] = json.loads(Path(tmp, f"{done}.json").read_text())
+        out = [row for job in jobs for row in rows[job]]
+    for row in out:
+        print(row, flush=True)
+    return out
+
+
+def wait_any(running: dict) -> int:
+    """The key of a process of `running` that has ended, waiting for one."""
+    while True:
+        for key, (_, _, proc, _) in running.items():
+            if proc.poll() is not None:
+                return key
+        time.sleep(0.5)
+
+
 def parse_args():
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -187,7 +237,13 @@ def parse_args():
     parser.add_argument("--dtype", default="auto", help="auto = bf16 on GPU, fp32 on CPU")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (default: torch's); 1 on a shared, loaded CPU")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="run the modes at once, each in its own process on one of this many GPUs (on a CPU: "
+                             "this many processes)")
+    parser.add_argument("--rows", help=argparse.SUPPRESS)  # a --gpus child: its rows as JSON here, no report
     args = parser.parse_args()
+    if args.gpus > 1 and args.device.startswith("cuda") and torch.cuda.device_count() < args.gpus:
+        raise SystemExit(f"--gpus {args.gpus} asks for that many GPUs; torch sees {torch.cuda.device_count()}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("--device cuda asked for, but torch sees no GPU; use --device cpu")
     return args
@@ -206,22 +262,29 @@ def main() -> None:
     texts = prompts(tokenizer, args.prompts, tuple(args.prompt_tokens))
     lengths = [len(x) for x in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     sampling = Sampling(n=args.n, temperature=0.65, top_p=0.95, max_new_tokens=args.new_tokens)
-    rows = []
-    for size_name in args.sizes:
-        with tempfile.TemporaryDirectory() as tmp:
-            model_dir = build_model(size_name, tokenizer, Path(tmp), args.vocab)
-            for mode in args.modes:
-                row = measure(model_dir, tokenizer, mode, texts, sampling, args)
-                rows.append({"model": size_name, **row})
-                print(rows[-1], flush=True)
+    if args.gpus > 1:
+        rows = spread(args)
+    else:
+        rows = []
+        for size_name in args.sizes:
+            with tempfile.TemporaryDirectory() as tmp:
+                model_dir = build_model(size_name, tokenizer, Path(tmp), args.vocab)
+                for mode in args.modes:
+                    row = measure(model_dir, tokenizer, mode, texts, sampling, args)
+                    rows.append({"model": size_name, **row})
+                    print(rows[-1], flush=True)
+        if args.rows:
+            Path(args.rows).write_text(json.dumps(rows))
+            return
     import transformers
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     notes = (f"transformers {transformers.__version__}; infir.eval.backends.HFBackend (hf-static: the model's "
-             "generate with a static cache; continuous: its generate_batch); {len(texts)} prompts x {args.n} samples, prompt tokens {min(lengths)}-{max(lengths)} "
+             f"generate with a static cache; continuous: its generate_batch); {len(texts)} prompts x {args.n} samples, prompt tokens {min(lengths)}-{max(lengths)} "
              f"(mean {sum(lengths) / len(lengths):.0f}), exactly {args.new_tokens} new tokens per sequence, "
              "temperature 0.65, top-p 0.95, random weights; ms/step: seconds over generate calls x new tokens; "
-             f"torch CPU threads {torch.get_num_threads()}, host load average {load} (1/5/15 min).")
+             f"torch CPU threads {torch.get_num_threads()}, host load average {load} (1/5/15 min)."
+             + (f" The modes ran at once, each in its own process, {args.gpus} at a time (on a GPU each)." if args.gpus > 1 else ""))
     emit("infir-eval generation throughput (HF backend)", [notes, VLLM_NOTE, markdown_table(rows)], args.out)
 
 
