@@ -112,6 +112,7 @@ class HostStaging:
 
     def __init__(self, device: torch.device | None = None):
         self._buffers: list[torch.Tensor] = []
+        self._is_pinned: list[bool] = []  # each buffer's kind (registered memory need not report is_pinned())
         self._used, self._memo, self._storages = 0, {}, {}
         self._copying = True  # False while reserve() walks a tree: buffers made, nothing copied
         # the copies' own stream, where the saved tensors live on a GPU (`device`)
@@ -186,10 +187,10 @@ class HostStaging:
 
     def _buffer(self, nbytes: int, pinned: bool) -> torch.Tensor:
         i, self._used = self._used, self._used + 1
-        if i < len(self._buffers) and self._buffers[i].numel() == nbytes and self._buffers[i].is_pinned() == pinned:
+        if i < len(self._buffers) and self._buffers[i].numel() == nbytes and self._is_pinned[i] == pinned:
             return self._buffers[i]
         buf = _pinned(nbytes) if pinned else torch.empty(nbytes, dtype=torch.uint8)
-        self._buffers[i:i + 1] = [buf]
+        self._buffers[i:i + 1], self._is_pinned[i:i + 1] = [buf], [pinned]
         return buf
 
 
