@@ -197,14 +197,14 @@ class HostStaging:
 def _pinned(nbytes: int) -> torch.Tensor:
     """`nbytes` of page-locked host memory, exactly: a plain allocation registered with CUDA, as
     torch.distributed.checkpoint's stager pins, because torch's pinned allocator rounds every block up to a
-    power of two (a 7B checkpoint's 45 GiB a rank could hold up to twice that pinned)."""
+    power of two (a rank's share of a checkpoint could be held pinned up to twice over)."""
     buf = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes:
         cudart = torch.cuda.cudart()
         err = int(cudart.cudaHostRegister(buf.data_ptr(), nbytes, 1))  # 1: cudaHostRegisterPortable
         if err:
-            raise RuntimeError(f"could not pin {_size(nbytes)} of host memory for train.async_save (cudaError {err}): "
-                               "free host memory, or set train.async_save=false")
+            raise ConfigError(f"could not pin {_size(nbytes)} of host memory for train.async_save's checkpoint copies "
+                              f"(cudaError {err}): free host memory, or set train.async_save=false")
         # unregistered when the buffer goes, not at exit (the CUDA context may be gone by then)
         weakref.finalize(buf, cudart.cudaHostUnregister, buf.data_ptr()).atexit = False
     return buf

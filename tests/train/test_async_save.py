@@ -130,6 +130,21 @@ def test_staged_views_of_one_storage_pickle_as_the_originals(tmp_path, reserved)
             assert all(a is b for a, b in zip(staging._buffers, made, strict=True))
 
 
+def test_host_memory_that_cannot_be_pinned_is_one_line_naming_the_fix(monkeypatch):
+    """cudaHostRegister refusing the staging buffer (the host is out of memory) is a ConfigError: infir-train
+    prints it as one line, which names train.async_save=false."""
+    from infir.train import checkpoint
+    from infir.train.config import ConfigError
+
+    class Refusing:
+        def cudaHostRegister(self, ptr, size, flags):
+            return 2  # cudaErrorMemoryAllocation
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Refusing())
+    with pytest.raises(ConfigError, match=r"could not pin 1\.0 MiB .*train\.async_save=false"):
+        checkpoint._pinned(2**20)
+
+
 # Runs infir-train with the writes of checkpoint iter_0000004 held up: it marks the file named first on the
 # command line when they begin, then waits to be killed.
 STALLED_WRITER = """
