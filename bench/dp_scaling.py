@@ -10,7 +10,8 @@ the same case on one GPU (DP=1), with the exposed communication of its profiled 
 
 With --beside, each case's tokens/s per GPU is also given against the one-GPU runs timed at once on all the
 host's GPUs: what N busy GPUs of one host give (each at its power cap, sharing the host's CPUs and memory),
-so that what remains below it is what data parallelism's communication costs.
+so that what remains below it is what data parallelism's communication costs. The slowest of them is the
+baseline: a data-parallel step goes at its slowest rank's pace, and GPUs of one host differ by a few percent.
 
 bench/step.py keeps `--accum` micro-batches per GPU at every DP size (the global batch grows with DP), so
 per-GPU tokens/s compare directly. A case at DP=N may carry optimizer overrides the DP=1 run does not
@@ -64,7 +65,7 @@ def _measured(result: dict) -> dict:
 
 def scaling_rows(one: dict, many: list[dict], beside: list[dict] = ()) -> list[dict]:
     """One row per DP>1 case that has a DP=1 counterpart with a measured step; where the one-GPU cases were
-    also timed on every GPU at once (`beside`), against their mean too."""
+    also timed on every GPU at once (`beside`), against the slowest of them too."""
     base = _measured(one)
     together = [_measured(b) for b in beside]
     rows = []
@@ -78,7 +79,7 @@ def scaling_rows(one: dict, many: list[dict], beside: list[dict] = ()) -> list[d
             rows.append({"model": r["model"], "seq": r["seq"], "case": r["precision"], "accum": r["accum"], "DP": dp,
                          "tokens/s per GPU": round(per_gpu), "DP=1 tokens/s": b["tokens/s"],
                          "% of DP=1": 100 * per_gpu / b["tokens/s"],
-                         **({"% of DP=1 beside": 100 * per_gpu / _mean_tokens(together, _key(r))} if together else {}),
+                         **({"% of DP=1 beside": 100 * per_gpu / _slowest_tokens(together, _key(r))} if together else {}),
                          "exposed comm % of GPU time": _profiled(result, r, "exposed communication"),
                          "peak GiB": r.get("peak_mem_GiB"), "DP=1 peak GiB": b.get("peak_mem_GiB"),
                          "param gather MiB per rank": r.get("param_gather_MiB"),
@@ -86,11 +87,11 @@ def scaling_rows(one: dict, many: list[dict], beside: list[dict] = ()) -> list[d
     return rows
 
 
-def _mean_tokens(results: list[dict], key: tuple) -> float:
+def _slowest_tokens(results: list[dict], key: tuple) -> float:
     values = [m[key]["tokens/s"] for m in results if key in m]
     if len(values) != len(results):
         raise SystemExit(f"dp_scaling: case {key} was not timed in every --beside result ({len(values)} of {len(results)})")
-    return sum(values) / len(values)
+    return min(values)
 
 
 def main() -> None:
@@ -110,7 +111,7 @@ def main() -> None:
     devices = sorted({r["env"].get("device", "?") for r in [one, *many, *beside]})
     notes = [f"devices: {', '.join(devices)}; DP=1 command: `{one['env'].get('command', '')}`"]
     if beside:
-        notes.append(f"% of DP=1 beside: against the mean of {len(beside)} one-GPU runs timed at once, one per GPU "
+        notes.append(f"% of DP=1 beside: against the slowest of {len(beside)} one-GPU runs timed at once, one per GPU "
                      f"(`{beside[0]['env'].get('command', '')}`)")
     emit("Data-parallel scaling, infir trainer (tokens/s per GPU vs one GPU, same cases)", [*notes, markdown_table(rows)],
          args.out)
