@@ -194,10 +194,11 @@ def spread(args) -> list[dict]:
             while pending and free:
                 i, (size, mode) = pending.pop(0)
                 gpu, log = free.pop(0), os.path.join(tmp, f"{i}.log")
-                proc = subprocess.Popen([sys.executable, __file__, *common, "--sizes", size, "--modes", mode,
-                                         "--rows", os.path.join(tmp, f"{i}.json")],
-                                        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu},
-                                        stdout=open(log, "w"), stderr=subprocess.STDOUT)
+                with open(log, "w") as out:  # the child holds its own copy of the file
+                    proc = subprocess.Popen([sys.executable, __file__, *common, "--sizes", size, "--modes", mode,
+                                             "--rows", os.path.join(tmp, f"{i}.json")],
+                                            env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu},
+                                            stdout=out, stderr=subprocess.STDOUT)
                 running[i] = (gpu, (size, mode), proc, log)
             done = wait_any(running)
             gpu, job, proc, log = running.pop(done)
@@ -280,11 +281,13 @@ def main() -> None:
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     notes = (f"transformers {transformers.__version__}; infir.eval.backends.HFBackend (hf-static: the model's "
-             f"generate with a static cache; continuous: its generate_batch); {len(texts)} prompts x {args.n} samples, prompt tokens {min(lengths)}-{max(lengths)} "
+             f"generate with a static cache; continuous: its generate_batch); {len(texts)} prompts x {args.n} samples, "
+             f"prompt tokens {min(lengths)}-{max(lengths)} "
              f"(mean {sum(lengths) / len(lengths):.0f}), exactly {args.new_tokens} new tokens per sequence, "
              "temperature 0.65, top-p 0.95, random weights; ms/step: seconds over generate calls x new tokens; "
              f"torch CPU threads {torch.get_num_threads()}, host load average {load} (1/5/15 min)."
-             + (f" The modes ran at once, each in its own process, {args.gpus} at a time (on a GPU each)." if args.gpus > 1 else ""))
+             + (f" The modes ran at once, each in its own process, {args.gpus} at a time (on a GPU each)."
+                if args.gpus > 1 else ""))
     emit("infir-eval generation throughput (HF backend)", [notes, VLLM_NOTE, markdown_table(rows)], args.out)
 
 

@@ -373,8 +373,8 @@ class PowerMeter:
 def meet_beside(timeout_s: float = 900.0) -> None:
     """--beside DIR:N: wait, warmed up, until the N processes (one per GPU, with no communication between them)
     have all come to this timed run, so that their timed steps run at once: what N GPUs of one host give when
-    all of them are busy (each at its own power cap and clocks, the host's CPUs and memory shared), against which a data-parallel step's
-    communication is what remains. A file per process under DIR/<the run's ordinal> marks who has come."""
+    all of them are busy (each at its own power cap and clocks, the host's CPUs and memory shared), against
+    which a data-parallel step's communication is what remains. A file per process under DIR/<the run's ordinal> marks who has come."""
     global _meetings
     if BESIDE is None:
         return
