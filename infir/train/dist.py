@@ -84,6 +84,13 @@ def init(tp: int, device_choice: str = "auto", timeout_s: int = 600, cp: int = 1
 def shutdown() -> None:
     from megatron.core import parallel_state as ps
 
+    if dist.is_initialized() and torch.cuda.is_initialized():
+        # CUDA graphs that captured NCCL collectives (compiled layers under reduce-overhead at TP or CP > 1)
+        # must be freed before their groups are destroyed, or torch's destroy_process_group never returns and
+        # a finished run holds its GPUs until the scheduler's time limit. torch.compiler.reset() frees
+        # inductor's CUDA graph trees.
+        torch.cuda.synchronize()
+        torch.compiler.reset()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():

@@ -221,7 +221,8 @@ def test_weight_refresh_records_a_graph_only_for_gpu_block_weights_cached_at_the
 def test_weight_refresh_replays_one_cuda_graph_per_step_gpu():
     """After the first (eager) fill, the refresh records every weight's re-quantization as one CUDA
     graph and replays it after each update: the caches, at the addresses the layers' graphs read, equal
-    a fresh quantization bit for bit. A weight moved to new storage makes it record again."""
+    a fresh quantization bit for bit. A weight moved to new storage makes it record again (at the next step
+    that makes every weight stale; a lone stale weight is re-quantized eagerly)."""
     model = _Layers("cuda")
     refresh = _refresh_of(model)
     model()
@@ -240,7 +241,13 @@ def test_weight_refresh_replays_one_cuda_graph_per_step_gpu():
     assert [m.weight_cache.q.data.data_ptr() for m in model.layers] == addresses
     first = model.layers[0]
     first.weight.data = first.weight.data.clone() * 3  # new storage: the recorded graph would read the old one
-    model()
+    model()  # only this weight is stale: re-quantized eagerly, no replay
+    _caches_equal_a_fresh_quantization(model)
+    assert refresh.graph is graphs[0]
+    with torch.no_grad():
+        for m in model.layers:
+            m.weight.mul_(0.5)
+    model()  # every weight stale, one at a new address: recorded again
     _caches_equal_a_fresh_quantization(model)
     assert refresh.graph is not graphs[0]
 
