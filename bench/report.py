@@ -224,12 +224,13 @@ def step_section(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]]
 
 SECTIONS = [  # (heading, kinds shown: the newest run of each)
     ("FP8 linear fwd+bwd, one CUDA graph per fwd+bwd, cached weights (bench/linear.py)", ["linear_graph"]),
-    ("FP8 quantizers (bench/quant.py)", ["quant", "quant_swiglu"]),
+    ("FP8 quantizers (bench/quant.py)", ["quant"]),
     ("Attention kernels, causal and packed documents (bench/attention.py)", ["attention_1.5b", "attention_7b"]),
     ("Chunked LM head + cross entropy (bench/lm_loss.py)", ["lm_loss"]),
     ("Optimizers: step time and memory per parameter (bench/optim.py)", ["optim"]),
     ("Loss parity, FP8 recipes vs BF16 (bench/parity.py)", ["parity_seeds", "parity"]),
     ("Generation without vLLM: infir-eval's HF backend by mode (bench/generate.py)", ["gen_speed"]),
+    ("Checkpoint stall: how long a step waits while a checkpoint is written (bench/save_stall.py)", ["save_stall_7b_tp2"]),
 ]
 
 
