@@ -152,16 +152,22 @@ class Measured:
         """Its data parallelism, as the trainer ran it: its optimizer overrides on its layout. Steps measured
         since the trainer gathers FP8 weights as FP8 (after one all-reduce of their block amaxes) carry the
         bytes they gathered (param_gather_MiB); older ones gathered the parameters."""
-        oc = optimizer_config(self.row["precision"])
+        precision = self.row["precision"]
+        oc = optimizer_config(precision)
         plain = trainer_data_parallel(oc, self.layout)
-        narrow = (trainer_data_parallel(oc, self.layout, "amax") if block_fp8(self.row["precision"]) else
-                  trainer_data_parallel(oc, self.layout, bf16_params=True) if bf16_gather(self.row["precision"]) else None)
-        if plain.mode != "zero1" or narrow is None or not is_number(self.row.get("param_gather_MiB")):
+        narrow = ([trainer_data_parallel(oc, self.layout, "amax", bf16_params=bf16) for bf16 in (False, True)]
+                  if block_fp8(precision) else
+                  [trainer_data_parallel(oc, self.layout, bf16_params=True)] if bf16_gather(precision) else [])
+        if plain.mode != "zero1" or not narrow or not is_number(self.row.get("param_gather_MiB")):
             return plain
         # the bytes it gathered say which gather ran (the trainer's choice was not the same at every commit)
         size, layout = get_size(self.row["model"]), self.layout
-        params = sum(c.bytes * c.calls for c in dp_collectives(size, layout, plain) if c.name == "parameters")
-        return narrow if self.row["param_gather_MiB"] * 2**20 < 0.9 * params / layout.grad_ranks else plain
+        sent = self.row["param_gather_MiB"] * 2**20 * layout.grad_ranks
+
+        def miss(dp: DataParallel) -> float:
+            return abs(sum(c.bytes * c.calls for c in dp_collectives(size, layout, dp) if c.name == "parameters") - sent)
+
+        return min([plain, *narrow], key=miss)
 
     def priced(self) -> Case:
         r = self.row
@@ -407,19 +413,21 @@ def block_fp8(precision: str) -> bool:
     return r.fp8 and r.weight.granularity == "block"
 
 
-def bf16_gather(precision: str) -> bool:
-    """Whether ZeRO-1 gathers FP32 parameters as BF16 under the recipe, as the trainer decides it."""
+def bf16_gather(precision: str, fp8_gather: bool = False) -> bool:
+    """Whether ZeRO-1 gathers FP32 parameters (other than FP8 weights gathered as FP8) as BF16 under the recipe,
+    as the trainer decides it."""
     from infir.train.optimizer import bf16_param_gather
 
-    return bf16_param_gather(recipe_of(precision), sharded=True)
+    return bf16_param_gather(recipe_of(precision), sharded=True, fp8_gather=fp8_gather)
 
 
 def data_parallel(precision: str, layout: Layout, fp8_params: str = "off") -> DataParallel:
     """A projected case's data parallelism: the trainer's for its optimizer overrides, with the FP8 linears'
     weights gathered as `fp8_params` says (infir.train.comm_volume) where the recipe is block-scaled FP8, and
-    FP32 parameters as BF16 under the BF16 recipe."""
-    return trainer_data_parallel(optimizer_config(precision), layout, fp8_params if block_fp8(precision) else "off",
-                                 bf16_params=bf16_gather(precision))
+    the other FP32 parameters as BF16 where the trainer sends them so."""
+    fp8 = fp8_params if block_fp8(precision) else "off"
+    return trainer_data_parallel(optimizer_config(precision), layout, fp8,
+                                 bf16_params=bf16_gather(precision, fp8_gather=fp8 != "off"))
 
 
 FP8_GATHERS = {"scales": "FP8 linear weights + block scales, the rest",
@@ -442,7 +450,8 @@ def fp8_gather_line(args) -> str:
               "after an all-reduce (MAX) of one FP32 amax per 128x128 block, from which every rank computes the scales")
     return ("FP8 param gather (columns so named; block-scaled FP8 recipes under ZeRO-1, optimizer.fp8_param_gather): "
             f"the parameter all-gather moves the QKV, proj, FC1 and FC2 weights as E4M3 bytes {scales} "
-            "(--fp8-param-gather), and the embedding, LM head, norms and biases in the optimizer's parameter dtype")
+            "(--fp8-param-gather), and the embedding, LM head, norms and biases as the trainer sends them beside "
+            "those: BF16 from FP32 masters under BF16 autocast, else the optimizer's parameter dtype")
 
 
 def assumptions(args, net_line: str, dp_line: str, contention: str) -> str:

@@ -561,10 +561,9 @@ class Trainer:
             f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.name}"
         )
         if self.optimizer.sharded:
-            fp8 = (" (FP8 weights as FP8)" if self.optimizer.gathers_fp8 else
-                   " (as BF16, norm weights exact)" if self.optimizer.gathers_bf16 else "")
+            how = self.optimizer.gather_dtypes
             self.log.console(f"optimizer states sharded over {self.info.dp * self.info.cp} ranks; parameter all-gather "
-                             f"{self.optimizer.gather_bytes / 2**20:.1f} MiB a step from each rank{fp8}")
+                             f"{self.optimizer.gather_bytes / 2**20:.1f} MiB a step from each rank{f' ({how})' if how else ''}")
         launch_steps, window, last = 0, _Window(), {}
         while self.step < self.total_iters:
             out = self._monitored_step()

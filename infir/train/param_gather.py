@@ -14,7 +14,8 @@ BF16 value, not the master: `sync_params` gathers them in full where the paramet
 (checkpoints).
 
 The FP8 parameter gather (fp8_param_gather.py) sends the FP8 linears' weights as FP8 bytes, and the exact
-parameters of all its buckets in one small gather before them.
+parameters of all its buckets in one small gather before them; beside it the buckets without FP8 weights (the
+embedding's, the LM head's) take the BF16 gather, which under an FP8 recipe also sends any FP8 weight exactly.
 """
 from __future__ import annotations
 

@@ -40,6 +40,30 @@ def test_fp8_gather_takes_the_parameter_gathers_steps(demo_root, tmp_path, preci
             assert torch.equal(t, saved[1][key]), key
 
 
+@pytest.mark.slow
+def test_fp8_gather_sends_the_rest_as_bf16_and_fewer_bytes_than_the_bf16_recipe(demo_root, tmp_path):
+    """FP32 masters (adamw): beside the FP8 weights as FP8, the buckets without them (the embedding's) cross as
+    BF16, as under the BF16 recipe, so the FP8 recipe's gather sends less than the BF16 recipe's, by the ratio
+    infir.train.comm_volume predicts, and its steps stay bit for bit those of the plain gather."""
+    from infir.model.qwen import get_size
+    from infir.train.comm_volume import Layout, dp_collectives, trainer_data_parallel
+    from infir.train.schema import OptimizerConfig
+
+    fp8, fp8_mib, line = _run(demo_root, tmp_path / "fp8", ["precision=fp8_blockwise_ue8m0", "optimizer=adamw",
+                                                             "optimizer.fp8_param_gather=true"])
+    plain, _, _ = _run(demo_root, tmp_path / "plain", ["precision=fp8_blockwise_ue8m0", "optimizer=adamw"])
+    _, bf16_mib, _ = _run(demo_root, tmp_path / "bf16", ["precision=bf16", "optimizer=adamw"])
+    assert "buckets without them as BF16" in line and fp8 == plain
+    oc, layout, size = OptimizerConfig(name="adamw", bucket_size=20000), Layout(dp=2), get_size("tiny")
+
+    def gathered(dp) -> float:
+        return sum(c.bytes * c.calls for c in dp_collectives(size, layout, dp) if c.name == "parameters")
+
+    want = gathered(trainer_data_parallel(oc, layout, "amax", bf16_params=True)) / gathered(
+        trainer_data_parallel(oc, layout, bf16_params=True))
+    assert want < 1 and abs(fp8_mib / bf16_mib - want) <= 0.1 * want, (fp8_mib, bf16_mib, want)
+
+
 def test_the_parameters_are_gathered_unless_asked(demo_root, tmp_path):
     _, _, line = _run(demo_root, tmp_path / "default", ["precision=fp8_blockwise_ue8m0", "stage.iters=1"])
     assert "FP8" not in line
