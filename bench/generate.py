@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import base_parser, emit, markdown_table  # noqa: E402
+from _common import base_parser, emit, kernel_times_us, markdown_table  # noqa: E402
 
 MODES = {"baseline": {"cache": "dynamic", "sort_by_length": False},
          "sorted": {"cache": "dynamic", "sort_by_length": True},
@@ -91,13 +91,30 @@ def timed(fn, device: str) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+def longest_batch(backend, texts: list[str], sampling) -> list[str]:
+    """The prompts of one generate call, the longest: the warm-up's, whose shapes a timed call meets again."""
+    ids = backend.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [texts[i] for i in sorted(range(len(texts)), key=lambda i: -len(ids[i]))[:max(1, backend.batch_size // sampling.n)]]
+
+
 def measure_backend(backend, texts: list[str], sampling) -> tuple[float, float, int]:
     """(warm-up s, timed s, new tokens) of HFBackend.generate over `texts`."""
-    ids = backend.tokenizer(texts, add_special_tokens=False)["input_ids"]
-    longest = sorted(range(len(texts)), key=lambda i: -len(ids[i]))[:max(1, backend.batch_size // sampling.n)]
-    warm, _ = timed(lambda: backend.generate([texts[i] for i in longest], sampling, seed=0), backend.device)
+    warm, _ = timed(lambda: backend.generate(longest_batch(backend, texts, sampling), sampling, seed=0), backend.device)
     seconds, out = timed(lambda: backend.generate(texts, sampling, seed=1), backend.device)
     return warm, seconds, sum(c.num_tokens for completions in out for c in completions)
+
+
+def kernel_profile(backend, texts: list[str], sampling, mode: str, ms_per_step: float, top: int = 5) -> dict:
+    """Where a decode step's time goes: the warm-up's call again under torch.profiler, its GPU kernel time per
+    step beside the timed call's wall time per step (their ratio: how busy the host kept the GPU), and the
+    kernels that took most of it."""
+    times = kernel_times_us(lambda: backend.generate(longest_batch(backend, texts, sampling), sampling, seed=2), reps=1)
+    total = sum(us for us, _ in times.values())
+    gpu_ms = total / 1e3 / sampling.max_new_tokens
+    ranked = sorted(times.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"mode": mode, "GPU ms/step": gpu_ms, "wall ms/step": ms_per_step, "GPU busy %": 100 * gpu_ms / ms_per_step,
+            "kernels a step": sum(n for _, n in times.values()) / sampling.max_new_tokens,
+            "top kernels (% of GPU time)": "; ".join(f"{name[:48]} {100 * us / total:.0f}" for name, (us, _) in ranked)}
 
 
 def measure_continuous(model, tokenizer, texts: list[str], sampling, device: str, batch: int) -> tuple[float, float, int]:
@@ -164,14 +181,17 @@ def measure(model_dir: Path, tokenizer, mode: str, texts: list[str], sampling, a
     else:
         warm, seconds, tokens = measure_backend(backend, texts, sampling)
     peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    steps = -(-len(texts) * sampling.n // args.batch) * sampling.max_new_tokens
+    ms_per_step = 1e3 * seconds / steps if mode != "continuous" else None
+    profile = (kernel_profile(backend, texts, sampling, mode, ms_per_step)
+               if args.profile and mode not in DIRECT and args.device.startswith("cuda") else None)
     dtype = str(backend.model.dtype).replace("torch.", "")
     del backend
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()
-    steps = -(-len(texts) * sampling.n // args.batch) * sampling.max_new_tokens
     row = {"mode": mode, "dtype": dtype, "batch": args.batch, "sequences": len(texts) * sampling.n,
            "new tokens": tokens, "seconds": seconds, "tokens/s": tokens / seconds,
-           "ms/step": 1e3 * seconds / steps if mode != "continuous" else None, "warm-up s": warm, "peak GiB": peak}
+           "ms/step": ms_per_step, "warm-up s": warm, "peak GiB": peak, "profile": profile}
     return {k: v for k, v in row.items() if v is not None}  # a blank cell: not measured in this mode
 
 
@@ -185,7 +205,7 @@ def spread(args) -> list[dict]:
     common = ["--device", args.device, "--batch", str(args.batch), "--prompts", str(args.prompts), "--n", str(args.n),
               "--prompt-tokens", *map(str, args.prompt_tokens), "--new-tokens", str(args.new_tokens),
               "--dtype", args.dtype, *(["--vocab", str(args.vocab)] if args.vocab else []),
-              *(["--threads", str(args.threads)] if args.threads else [])]
+              *(["--threads", str(args.threads)] if args.threads else []), *(["--profile"] if args.profile else [])]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     gpus = visible.split(",")[:args.gpus] if visible else [str(g) for g in range(args.gpus)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -241,6 +261,9 @@ def parse_args():
     parser.add_argument("--gpus", type=int, default=1,
                         help="run the modes at once, each in its own process on one of this many GPUs (on a CPU: "
                              "this many processes)")
+    parser.add_argument("--profile", action="store_true",
+                        help="GPU: profile each infir-backend mode's warm-up call again (kernel time per decode step "
+                             "against the timed wall time per step, and the kernels that take most of it)")
     parser.add_argument("--rows", help=argparse.SUPPRESS)  # a --gpus child: its rows as JSON here, no report
     args = parser.parse_args()
     if args.gpus > 1 and args.device.startswith("cuda") and torch.cuda.device_count() < args.gpus:
@@ -288,7 +311,12 @@ def main() -> None:
              f"torch CPU threads {torch.get_num_threads()}, host load average {load} (1/5/15 min)."
              + (f" The modes ran at once, each in its own process, {args.gpus} at a time (on a GPU each)."
                 if args.gpus > 1 else ""))
-    emit("infir-eval generation throughput (HF backend)", [notes, VLLM_NOTE, markdown_table(rows)], args.out)
+    profiles = [{"model": row["model"], **row.pop("profile")} for row in rows if "profile" in row]
+    tables = [markdown_table(rows)]
+    if profiles:
+        tables += ["Where a decode step's time goes (the warm-up's call again under torch.profiler; GPU busy % = GPU "
+                   "kernel time per step over the timed call's wall time per step):", markdown_table(profiles)]
+    emit("infir-eval generation throughput (HF backend)", [notes, VLLM_NOTE, *tables], args.out)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@
 #                                          128 prompts of 100-600 tokens x 1024 new tokens: dynamic cache in the given
 #                                          order, batched by length, static cache + infir's compiled decode step,
 #                                          transformers' own static-cache generate, and its continuous batching
-#                                          (the modes at once, one GPU each, on a host with several)
+#                                          (the modes at once, one GPU each, on a host with several), each infir
+#                                          mode's decode step profiled: GPU busy share and its top kernels
 #   bash bench/gpu_suite.sh parity         bench/parity.py: 1000 steps, 5 recipes x 3 seeds, 6 at once on one GPU (8 do not fit its memory)
 #   bash bench/gpu_suite.sh scaling        bench/scaling.py: all-gather / reduce-scatter / all-reduce bus bandwidth under
 #                                          torchrun on every visible GPU (groups of 2, 4, ..), then the projection to 8-512
@@ -221,7 +222,7 @@ for stage in "$@"; do
       # the five modes at once, a GPU each where there are that many (each takes minutes)
       G=$(python3 -c "import torch; print(min(torch.cuda.device_count(), 5))")
       run gen_speed python3 bench/generate.py --device cuda --sizes qwen2.5-0.5b --batch 64 --prompts 128 \
-        --new-tokens 1024 --gpus "$G" --out "$OUT/gen_speed.md" ;;
+        --new-tokens 1024 --gpus "$G" --profile --out "$OUT/gen_speed.md" ;;
     parity)
       run parity python3 bench/parity.py --steps 1000 --seeds 1234 1 2 --jobs 6 --root outputs/parity --out "$OUT/parity.md" \
         ${DATA:+--data-root "$DATA"} ;;
