@@ -153,11 +153,11 @@ class Measured:
         since the trainer gathers FP8 weights as FP8 (after one all-reduce of their block amaxes) carry the
         bytes they gathered (param_gather_MiB); older ones gathered the parameters."""
         precision = self.row["precision"]
-        oc = optimizer_config(precision)
+        oc, fp8 = optimizer_config(precision), recipe_of(precision).fp8
         plain = trainer_data_parallel(oc, self.layout)
-        narrow = ([trainer_data_parallel(oc, self.layout, "amax", bf16_params=bf16) for bf16 in (False, True)]
-                  if block_fp8(precision) else
-                  [trainer_data_parallel(oc, self.layout, bf16_params=True)] if bf16_gather(precision) else [])
+        narrow = [trainer_data_parallel(oc, self.layout, bf16_params=True, fp8_linears=fp8)] if bf16_gather(precision) else []
+        if block_fp8(precision):
+            narrow += [trainer_data_parallel(oc, self.layout, "amax", bf16_params=bf16) for bf16 in (False, True)]
         if plain.mode != "zero1" or not narrow or not is_number(self.row.get("param_gather_MiB")):
             return plain
         # the bytes it gathered say which gather ran (the trainer's choice was not the same at every commit)
@@ -413,21 +413,20 @@ def block_fp8(precision: str) -> bool:
     return r.fp8 and r.weight.granularity == "block"
 
 
-def bf16_gather(precision: str, fp8_gather: bool = False) -> bool:
-    """Whether ZeRO-1 gathers FP32 parameters (other than FP8 weights gathered as FP8) as BF16 under the recipe,
-    as the trainer decides it."""
+def bf16_gather(precision: str) -> bool:
+    """Whether ZeRO-1 gathers FP32 parameters as BF16 under the recipe (the FP8 linears' weights apart), as the
+    trainer decides it."""
     from infir.train.optimizer import bf16_param_gather
 
-    return bf16_param_gather(recipe_of(precision), sharded=True, fp8_gather=fp8_gather)
+    return bf16_param_gather(recipe_of(precision), sharded=True)
 
 
 def data_parallel(precision: str, layout: Layout, fp8_params: str = "off") -> DataParallel:
     """A projected case's data parallelism: the trainer's for its optimizer overrides, with the FP8 linears'
     weights gathered as `fp8_params` says (infir.train.comm_volume) where the recipe is block-scaled FP8, and
     the other FP32 parameters as BF16 where the trainer sends them so."""
-    fp8 = fp8_params if block_fp8(precision) else "off"
-    return trainer_data_parallel(optimizer_config(precision), layout, fp8,
-                                 bf16_params=bf16_gather(precision, fp8_gather=fp8 != "off"))
+    return trainer_data_parallel(optimizer_config(precision), layout, fp8_params if block_fp8(precision) else "off",
+                                 bf16_params=bf16_gather(precision), fp8_linears=recipe_of(precision).fp8)
 
 
 FP8_GATHERS = {"scales": "FP8 linear weights + block scales, the rest",
@@ -438,7 +437,8 @@ def describe(dp: DataParallel) -> str:
     grads = "FP32" if dp.grad_bytes == 4 else "BF16"
     if dp.mode == "zero1":
         params = {4: "FP32", 2: "BF16"}[dp.param_bytes]
-        params = f"{FP8_GATHERS[dp.fp8_params]} {params}" if dp.fp8_params != "off" else params
+        params = (f"{FP8_GATHERS[dp.fp8_params]} {params}" if dp.fp8_params != "off" else
+                  f"{params} (FP8 linear weights {dp.fp8_weight_bytes * 8:.0f}-bit)" if dp.fp8_weight_bytes else params)
         kind = f"ZeRO-1 ({grads} gradients reduce-scattered, {params} parameters all-gathered"
     else:
         kind = f"DDP ({grads} gradients all-reduced"

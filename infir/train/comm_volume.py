@@ -18,11 +18,12 @@ The trainer's traffic, as infir.model's layers and megatron-core's DDP issue it:
   infir.train.optimizer runs it (`trainer_data_parallel`): with the states replicated, DDP all-reduces the
   gradients; with them sharded (ZeRO-1, the default wherever DP x CP > 1) it reduce-scatters them and
   all-gathers the updated parameters in the optimizer's parameter dtype (FP32 for adamw, BF16 for the BF16
-  optimizers). Gradients move in `optimizer.grad_reduce_dtype`, in megatron's buckets where they overlap the
-  backward, else in one.
+  optimizers), FP32 ones as BF16 under BF16 autocast but the FP8 linears' weights, which FP8 recipes quantize
+  from FP32 on every rank (`DataParallel.fp8_weight_bytes`). Gradients move in `optimizer.grad_reduce_dtype`,
+  in megatron's buckets where they overlap the backward, else in one.
 - FP8 parameter all-gather (ZeRO-1, block-scaled FP8 recipes; `DataParallel.fp8_params`): the FP8 linears'
   weights (QKV, proj, FC1, FC2) move as E4M3 bytes, what their GEMMs read, and the rest (embedding, LM head,
-  norms, biases) in the optimizer's parameter dtype. Each 128x128 block's FP32 scale either moves with them
+  norms, biases) as the parameters do. Each 128x128 block's FP32 scale either moves with them
   ("scales"), or every rank computes it from the block's amax, all-reduced (MAX) over the DP ranks first
   ("amax": a shard boundary may split a block, so no one rank sees all of it).
 
@@ -94,7 +95,8 @@ class DataParallel:
     megatron's DDP without overlap), and whether the buckets overlap compute (the gradients' the last
     backward, the parameters' the optimizer step and the next forward); `fp8_params` (ZeRO-1 only): off, or the
     FP8 linears' weights gathered as E4M3 bytes with their block scales ("scales") or after an all-reduce of
-    their block amaxes ("amax")."""
+    their block amaxes ("amax"); `fp8_weight_bytes` (ZeRO-1, fp8_params off): bytes per element of the FP8
+    linears' weights where they cross wider than the rest (FP32 masters beside a BF16 gather), None: as the rest."""
 
     mode: str = "ddp"
     grad_bytes: float = 4
@@ -102,6 +104,7 @@ class DataParallel:
     bucket_elems: int | None = None
     overlap: bool = False
     fp8_params: str = "off"
+    fp8_weight_bytes: float | None = None
 
     def __post_init__(self):
         if self.mode not in DP_MODES:
@@ -110,23 +113,29 @@ class DataParallel:
             raise ValueError(f"fp8_params={self.fp8_params!r}; valid: {list(FP8_PARAM_GATHERS)}")
         if self.fp8_params != "off" and self.mode != "zero1":
             raise ValueError("fp8_params gathers sharded parameters: it needs mode='zero1'")
+        if self.fp8_weight_bytes is not None and (self.mode != "zero1" or self.fp8_params != "off"):
+            raise ValueError("fp8_weight_bytes prices the FP8 weights of a plain ZeRO-1 gather: mode='zero1', fp8_params='off'")
 
 
-def trainer_data_parallel(oc, layout: Layout, fp8_params: str = "off", bf16_params: bool = False) -> DataParallel:
+def trainer_data_parallel(oc, layout: Layout, fp8_params: str = "off", bf16_params: bool = False,
+                          fp8_linears: bool = False) -> DataParallel:
     """What the trainer runs for optimizer config `oc` (infir.train.schema.OptimizerConfig) on `layout`:
     ZeRO-1 where it shards the states, else DDP; gradients in `oc.grad_reduce_dtype`; parameters gathered in
-    the optimizer's parameter dtype, or in BF16 where `bf16_params` (the BF16 recipe's gather of FP32
-    parameters), the FP8 linears' weights as `fp8_params` says where it shards them; megatron's buckets
-    (`oc.bucket_size`, else max(40M, 1M x DP) elements) where they overlap, one where not."""
+    the optimizer's parameter dtype, or in BF16 where `bf16_params` (FP32 parameters under BF16 autocast) but
+    for the weights of the FP8 linears where the model has them (`fp8_linears`): in the parameters' dtype, or
+    as `fp8_params` says where it shards them; megatron's buckets (`oc.bucket_size`, else max(40M, 1M x DP)
+    elements) where they overlap, one where not."""
     from infir.optim import optimizer_spec
 
     buckets = (oc.bucket_size or max(MEGATRON_BUCKET_ELEMS, 1_000_000 * layout.dp)) if oc.overlap_grad_reduce else None
     sharded = sharded_optimizer(oc, layout.grad_ranks)
-    param_bytes = optimizer_spec(oc.name).param_dtype.itemsize
+    master = param_bytes = optimizer_spec(oc.name).param_dtype.itemsize
     if sharded and bf16_params:
         param_bytes = min(param_bytes, 2)
+    fp8 = fp8_params if sharded else "off"
+    wider = master if sharded and fp8_linears and fp8 == "off" and master > param_bytes else None
     return DataParallel("zero1" if sharded else "ddp", 4 if oc.grad_reduce_dtype == "fp32" else 2,
-                        param_bytes, buckets, oc.overlap_grad_reduce, fp8_params if sharded else "off")
+                        param_bytes, buckets, oc.overlap_grad_reduce, fp8, wider)
 
 
 @dataclass(frozen=True)
@@ -204,8 +213,10 @@ def dp_collectives(size: QwenSize, layout: Layout, dp: DataParallel) -> list[Col
     grads = params * dp.grad_bytes / buckets
     if dp.mode == "ddp":
         return [Collective("gradients", "all_reduce", "dp", grads, buckets, "grads")]
-    fp8 = 0.0 if dp.fp8_params == "off" else fp8_linear_params(size, layout.tp)
-    gathered = (params - fp8) * dp.param_bytes + fp8 * (1 + (BLOCK_SCALE_BYTES if dp.fp8_params == "scales" else 0))
+    fp8 = 0.0 if dp.fp8_params == "off" and dp.fp8_weight_bytes is None else fp8_linear_params(size, layout.tp)
+    fp8_bytes = (dp.fp8_weight_bytes if dp.fp8_weight_bytes is not None else
+                 1 + (BLOCK_SCALE_BYTES if dp.fp8_params == "scales" else 0))
+    gathered = (params - fp8) * dp.param_bytes + fp8 * fp8_bytes
     out = [Collective("gradients", "reduce_scatter", "dp", grads, buckets, "grads"),
            Collective("parameters", "all_gather", "dp", gathered / buckets, buckets, "params")]
     if dp.fp8_params == "amax":

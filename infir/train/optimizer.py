@@ -71,20 +71,22 @@ def fp8_param_gather(oc, recipe, sharded: bool) -> bool:
     return oc.fp8_param_gather
 
 
-def bf16_param_gather(recipe, sharded: bool, fp8_gather: bool = False) -> bool:
-    """Whether sharded FP32 parameters other than the FP8 linears' weights are all-gathered as BF16
-    (param_gather.py): where every read of them is rounded to BF16 anyway (BF16 autocast). Under the BF16 recipe
-    that is every parameter but the norms'. An FP8 recipe quantizes each FP32 weight itself on every rank, which
-    needs it exact: there only beside the FP8 parameter gather (`fp8_gather`), which sends those weights as FP8
-    and leaves the embedding, the LM head and the biases to cross as BF16. FP32 runs compute in FP32."""
-    return sharded and recipe.compute_dtype == torch.bfloat16 and (not recipe.fp8 or fp8_gather)
+def bf16_param_gather(recipe, sharded: bool) -> bool:
+    """Whether sharded FP32 parameters are all-gathered as BF16 (param_gather.py) where that is narrower: under
+    BF16 autocast, where every read of them but two kinds is rounded to BF16 anyway. The RMSNorm weights are
+    read in FP32, and an FP8 recipe quantizes each FP8 linear's FP32 weight itself on every rank: those cross
+    exactly (the FP8 weights as FP8 under `optimizer.fp8_param_gather`). FP32 runs compute in FP32."""
+    return sharded and recipe.compute_dtype == torch.bfloat16
 
 
-def _norm_weights(model: torch.nn.Module) -> set:
-    """The RMSNorm weights: read in FP32, so a BF16 parameter gather sends them exactly."""
+def _read_exact(model: torch.nn.Module) -> set:
+    """The parameters every rank reads exactly in FP32: the RMSNorm weights, and the FP8 linears' weights (each
+    rank quantizes its FP32 weight)."""
+    from infir.model.fp8_linears import fp8_linears_of
     from infir.model.norm import RMSNorm
 
-    return {p for m in model.modules() if isinstance(m, RMSNorm) for p in m.parameters()}
+    return ({p for m in model.modules() if isinstance(m, RMSNorm) for p in m.parameters()}
+            | {m.weight for m in fp8_linears_of(model)})
 
 
 class DataParallelOptimizer:
@@ -279,33 +281,38 @@ class DataParallelOptimizer:
         if not self.sharded:
             raise ValueError("the FP8 parameter gather runs under sharded optimizer states (optimizer.distributed)")
         targets, recipe = fp8_targets(model)
-        bf16 = recipe is not None and bf16_param_gather(recipe, self.sharded, fp8_gather=True)
-        exact = _norm_weights(model)
+        bf16 = recipe is not None and bf16_param_gather(recipe, self.sharded)
+        exact = _read_exact(model)
         for part in self.parts:
             bucket, ways = part.bucket, []
             if any(p in targets for p in bucket.params):
                 ways.append(BucketFp8Gather(part.buffer, bucket, self.group, targets, recipe))
             if bf16 and bucket.param_data.dtype == torch.float32:
-                # a bucket without FP8 weights (the embedding's, the LM head's), or one mostly of other parameters:
-                # those as BF16, its FP8 weights exact (each rank quantizes them from the FP32 parameter)
-                ways.append(BucketBf16Gather(part.buffer, bucket, self.group, exact | targets.keys()))
-            way = min(ways, key=lambda w: w.wire_bytes, default=None)
-            if way is not None and way.wire_bytes < self._plain_bytes(bucket):
-                (self._fp8 if isinstance(way, BucketFp8Gather) else self._bf16)[bucket] = way
+                # a bucket without FP8 weights (the embedding's, the LM head's), or one mostly of other parameters
+                ways.append(BucketBf16Gather(part.buffer, bucket, self.group, exact))
+            self._narrow_where_fewer(bucket, ways)
         if self._fp8:
             self._fp8_gather = Fp8ParamGather(list(self._fp8.values()), self.group)
 
     def gather_bf16_params(self, model: torch.nn.Module) -> None:
-        """Gather FP32 parameters as BF16 from now on, the RMSNorm weights exactly (param_gather.py; sharded only,
-        for a model whose every other parameter is read rounded to BF16: BF16 autocast)."""
+        """Gather FP32 parameters as BF16 from now on, where that sends fewer bytes than FP32 (param_gather.py;
+        sharded only, for a model under BF16 autocast), the norm and FP8 linear weights exactly."""
         from infir.train.param_gather import BucketBf16Gather
 
         if not self.sharded:
             raise ValueError("the BF16 parameter gather runs under sharded optimizer states (optimizer.distributed)")
-        exact = _norm_weights(model)
+        exact = _read_exact(model)
         for part in self.parts:
             if part.bucket.param_data.dtype == torch.float32:
-                self._bf16[part.bucket] = BucketBf16Gather(part.buffer, part.bucket, self.group, exact)
+                self._narrow_where_fewer(part.bucket, [BucketBf16Gather(part.buffer, part.bucket, self.group, exact)])
+
+    def _narrow_where_fewer(self, bucket, ways: list) -> None:
+        """The bucket's gather: the way of `ways` that sends fewest bytes, where that is fewer than its plain gather."""
+        from infir.train.fp8_param_gather import BucketFp8Gather
+
+        way = min(ways, key=lambda w: w.wire_bytes, default=None)
+        if way is not None and way.wire_bytes < self._plain_bytes(bucket):
+            (self._fp8 if isinstance(way, BucketFp8Gather) else self._bf16)[bucket] = way
 
     @property
     def gathers_fp8(self) -> bool:
@@ -320,7 +327,7 @@ class DataParallelOptimizer:
         """What the parameter gathers send narrower than the parameters, in words ('' where nothing)."""
         if self.gathers_fp8:
             return "FP8 weights as FP8" + (", buckets without them as BF16" if self.gathers_bf16 else "")
-        return "as BF16, norm weights exact" if self.gathers_bf16 else ""
+        return "as BF16 where narrower, weights read in FP32 exact" if self.gathers_bf16 else ""
 
     @property
     def gather_bytes(self) -> int:

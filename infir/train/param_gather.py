@@ -8,10 +8,11 @@ BucketBf16Gather: FP32 parameters of a BF16-autocast model. Every GEMM reads its
 (autocast; the embedding's output is cast to BF16, the LM-head loss rounds its weight), so a rank needs only
 the BF16 rounding of the other ranks' elements, which is what megatron's DistributedOptimizer gathers (BF16
 model parameters, FP32 masters in the optimizer's shard): half the bytes of the FP32 parameters, and the same
-BF16 operands, bit for bit, on every rank. The RMSNorm weights, read in FP32, arrive exactly: their bits ride
-behind the rank's BF16 share, as pairs of BF16 words. What a rank holds of the others' elements is then their
-BF16 value, not the master: `sync_params` gathers them in full where the parameters themselves are read
-(checkpoints).
+BF16 operands, bit for bit, on every rank. The weights read in FP32 arrive exactly: the RMSNorm weights, and
+under an FP8 recipe the FP8 linears' weights, which each rank quantizes itself. Their bits ride behind the
+rank's BF16 share, as pairs of BF16 words; a bucket mostly of them keeps its plain gather (fewer bytes). What
+a rank holds of the others' elements is then their BF16 value, not the master: `sync_params` gathers them in
+full where the parameters themselves are read (checkpoints).
 
 The FP8 parameter gather (fp8_param_gather.py) sends the FP8 linears' weights as FP8 bytes, and the exact
 parameters of all its buckets in one small gather before them; beside it the buckets without FP8 weights (the

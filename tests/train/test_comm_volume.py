@@ -5,7 +5,7 @@ import pytest
 
 from infir.model.qwen import QwenSize
 from infir.train.comm_volume import (
-    FP8_TOKEN_BYTES, DataParallel, Layout, cp_collectives, dp_collectives, rank_params, ring_factor,
+    FP8_TOKEN_BYTES, DataParallel, Layout, cp_collectives, dp_collectives, fp8_linear_params, rank_params, ring_factor,
     tp_collectives, trainer_data_parallel,
 )
 from infir.train.schema import OptimizerConfig
@@ -123,6 +123,16 @@ def test_the_trainer_shards_states_over_several_ranks_and_gathers_the_optimizers
     custom = OptimizerConfig(name="sr_adamw", grad_reduce_dtype="bf16", bucket_size=1000)
     assert trainer_data_parallel(custom, Layout(dp=2)) == DataParallel("zero1", 2, 2, bucket_elems=1000, overlap=True)
     assert trainer_data_parallel(OptimizerConfig(name="adamw"), Layout()).mode == "ddp"  # one rank: nothing sharded
+    # BF16 autocast: FP32 masters cross as BF16, an FP8 recipe's linear weights as FP32 (each rank quantizes them)
+    mixed = trainer_data_parallel(OptimizerConfig(name="adamw"), Layout(dp=2), bf16_params=True, fp8_linears=True)
+    assert (mixed.param_bytes, mixed.fp8_weight_bytes) == (2, 4)
+    F, P = fp8_linear_params(SIZE, 1), rank_params(SIZE, 1)
+    gathered = next(c for c in dp_collectives(SIZE, Layout(dp=2), mixed) if c.name == "parameters")
+    assert gathered.bytes * gathered.calls == pytest.approx(2 * (P - F) + 4 * F)
+    assert trainer_data_parallel(OptimizerConfig(name="flash_adamw"), Layout(dp=2), bf16_params=True,
+                                 fp8_linears=True).fp8_weight_bytes is None  # BF16 parameters: all cross alike
+    with pytest.raises(ValueError, match="fp8_weight_bytes"):
+        DataParallel("ddp", fp8_weight_bytes=4)
 
 
 def test_bad_layouts_name_the_key():
