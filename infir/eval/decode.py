@@ -49,6 +49,9 @@ class StaticDecoder:
     to call, so that calls of one (rows, cache length) shape reuse one compiled step."""
 
     def __init__(self, model, stop_ids: list[int], pad_id: int, compile: bool):
+        from infir.eval.gqa_decode import use_gqa_decode
+
+        use_gqa_decode(model)  # decode steps attend over the cache without copies of it per query head
         self.model, self.pad_id, self.compile = model, pad_id, compile
         self.stops = torch.tensor(stop_ids, device=model.device)
         # transformers renamed the forward's past_key_values to cache: name it as this version does
