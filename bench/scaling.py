@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, markdown_table, slowest_rank_ms  # noqa: E402
 from report import Run, is_number, load_run, load_runs, measured_before_a_fix, parallel, world_size  # noqa: E402
 from scaling_model import (  # noqa: E402
-    BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
+    BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms, weight_quant_elems,
 )
 
 from infir.model.qwen import get_size  # noqa: E402
@@ -171,7 +171,8 @@ class Measured:
 
     def priced(self) -> Case:
         r = self.row
-        return Case(get_size(r["model"]), r["seq"], r["mbs"], self.micro_batches, self.layout, fp8_sp_gather(self.case))
+        return Case(get_size(r["model"]), r["seq"], r["mbs"], self.micro_batches, self.layout, fp8_sp_gather(self.case),
+                    weight_passes(r["precision"], self.layout.recompute, self.micro_batches))
 
     def rates(self, net: Network, contention: float) -> ComputeRates:
         """Its compute rates, from its time less its communication: the model's own data-parallel cost (`net`,
@@ -181,9 +182,11 @@ class Measured:
         r, lay, size = self.row, self.layout, get_size(self.row["model"])
         owned = rank_params(size, lay.tp) / (lay.grad_ranks if self.dp.mode == "zero1" else 1)
 
+        weights = weight_quant_elems(self.priced(), self.dp)
+
         def rates_at(ms: float) -> ComputeRates:
             return ComputeRates.from_step(size, r["seq"], self.micro_batches * lay.dp * r["mbs"] * r["seq"], ms, lay,
-                                          self.shares, owned, self.label)
+                                          self.shares, owned, self.label, weights)
 
         if lay.grad_ranks == 1 or lay.tp * lay.cp > 1:
             return rates_at(profiled_compute_ms(r["step_ms"], self.shares) if self.shares else r["step_ms"])
@@ -196,6 +199,24 @@ class Measured:
 
 def overrides(precision: str) -> list[str]:
     return [o for o in precision.partition("+")[2].split(",") if o]
+
+
+def weight_passes(precision: str, recompute: str, micro_batches: int) -> float:
+    """How many times a GPU quantizes its FP8 linear weights in a step, as the trainer runs the case: once where
+    it keeps them for the step, at every forward (and its recomputation) where it makes them per forward
+    (model.fp8_weight_cache; infir.train.loop.transient_fp8_weights); 0 without FP8 weights."""
+    import yaml
+
+    from infir.train.loop import transient_fp8_weights
+
+    recipe = recipe_of(precision)
+    if not recipe.fp8:
+        return 0.0
+    keys = dict(o.lstrip("+").partition("=")[::2] for o in overrides(precision))
+    choice = yaml.safe_load(keys.get("model.fp8_weight_cache", "auto"))
+    if not transient_fp8_weights(choice, recipe, recompute, param_gather=False):
+        return 1.0
+    return micro_batches * (2.0 if recompute == "full" else 1.0)
 
 
 def case_of(precision: str) -> str:
@@ -485,7 +506,8 @@ def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None
         return {**row, "step_ms": f"no measured step at recompute={recompute} {precision} on this compute path"}
     layout = Layout(tp=tp, cp=cp, dp=gpus // (tp * cp), recompute=recompute)
     micro = args.accum or micro_batches(args.global_tokens, args.mbs * seq, layout.dp)
-    case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision))
+    case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision),
+                weight_passes(precision, recompute, micro))
     dp = data_parallel(precision, layout)
     pred = predict(case, rates, net, dp, Overlap(args.tp_hidden, contention))
     if dp.overlap:  # beside it, the same step with its data-parallel communication in full view

@@ -4,7 +4,9 @@ compute from a measured step, and a training step's time on a TP x CP x DP layou
 Compute. A measured step's time with its communication taken out splits, by its profile's shares of GPU
 time, into GEMMs, attention, the optimizer and the rest. GEMMs are charged to the matmul FLOPs (6 x
 matmul weights a token), attention to its own FLOPs (6 x layers x hidden x seq a token, causal), the
-optimizer to the parameters it stepped, and the rest (norms, activations, residuals, copies, quantization:
+optimizer to the parameters it stepped, the FP8 weights' quantization (where its profile names it) to the
+weight elements a GPU quantized (`weight_quant_elems`: once a step, or at every forward where recomputation
+makes them transient), and the rest (norms, activations, residuals, copies, the activations' quantization:
 work on activations, not on weights) to the layers x hidden elements of each token: a model with a wider
 hidden state does more FLOPs per activation element, so pricing that work by FLOPs would charge a larger
 model too much. Another model, length or layout is priced by its own counts (infir.train.flops). A
@@ -37,7 +39,8 @@ from dataclasses import dataclass, field, replace
 
 from infir.model.qwen import QwenSize
 from infir.train.comm_volume import (
-    Collective, DataParallel, Layout, cp_collectives, dp_collectives, rank_params, ring_factor, tp_collectives,
+    Collective, DataParallel, Layout, cp_collectives, dp_collectives, fp8_linear_params, rank_params, ring_factor,
+    tp_collectives,
 )
 from infir.train.flops import flops_per_token, matmul_params
 
@@ -123,22 +126,24 @@ def profiled_compute_ms(step_ms: float, shares: dict) -> float:
 
 @dataclass(frozen=True)
 class ComputeRates:
-    """Seconds per matmul FLOP, per attention FLOP, per parameter of the optimizer step and per activation
-    element of the other work, and where they were measured."""
+    """Seconds per matmul FLOP, per attention FLOP, per parameter of the optimizer step, per activation
+    element of the other work and per FP8 weight element quantized, and where they were measured."""
 
     dense_s_per_flop: float
     attention_s_per_flop: float
     optimizer_s_per_param: float
     elementwise_s_per_elem: float = 0.0
     source: str = ""
+    weight_quant_s_per_elem: float = 0.0
 
     @classmethod
     def from_step(cls, size: QwenSize, seq: int, tokens: int, compute_ms: float, layout: Layout, shares: dict | None,
-                  owned_params: float, source: str = "") -> "ComputeRates":
+                  owned_params: float, source: str = "", weight_elems: float = 0.0) -> "ComputeRates":
         """From a measured step of `tokens` tokens (all ranks') at `seq` on `layout`: `compute_ms`, its time with
         its communication taken out, split by its profile's shares of GPU time (fractions of kernel time by
-        class: gemm, attention, optimizer and communication are read; None: no profile, possible on one GPU
-        only); the optimizer stepped `owned_params` on each GPU."""
+        class: gemm, attention, optimizer, weight quantize and communication are read; None: no profile,
+        possible on one GPU only); the optimizer stepped `owned_params` and quantized `weight_elems` FP8
+        weight elements on each GPU (0: its weight quantization, if any, stays with the rest)."""
         if not shares and layout.gpus > 1:
             raise ValueError(f"a step on {layout.gpus} GPUs needs its profile to take its communication out ({source})")
         gpu_s = compute_ms / 1e3 * layout.gpus  # GPU-seconds of compute, all ranks
@@ -147,10 +152,12 @@ class ComputeRates:
             return cls(per_flop, per_flop, 0.0, 0.0, source)
         kernels = 1.0 - shares.get("communication", 0.0)  # the compute kernels' part of the kernel time
         attn, opt = (shares.get(k, 0.0) / kernels for k in ("attention", "optimizer"))
-        gemm = shares["gemm"] / kernels if "gemm" in shares else 1.0 - attn - opt  # no GEMM class: all of it to FLOPs
+        wq = shares.get("weight quantize", 0.0) / kernels if weight_elems else 0.0
+        gemm = shares["gemm"] / kernels if "gemm" in shares else 1.0 - attn - opt - wq  # no GEMM class: all to FLOPs
         return cls(gemm * gpu_s / (tokens * dense_flops(size)), attn * gpu_s / (tokens * attention_flops(size, seq)),
                    opt * compute_ms / 1e3 / owned_params,
-                   (1.0 - gemm - attn - opt) * gpu_s / (tokens * activation_elements(size)), source)
+                   (1.0 - gemm - attn - opt - wq) * gpu_s / (tokens * activation_elements(size)), source,
+                   wq * compute_ms / 1e3 / weight_elems if weight_elems else 0.0)
 
     def replica_micro_batch_s(self, size: QwenSize, seq: int, mbs: int) -> float:
         """One micro-batch's forward and backward on a whole replica (all its GPUs' work)."""
@@ -162,7 +169,8 @@ class ComputeRates:
 @dataclass(frozen=True)
 class Case:
     """One training step to price: `micro_batches` of `mbs` rows of `seq` tokens per data-parallel rank;
-    `fp8_gather`: the SP gathers move FP8 bytes + scales (FP8 recipes with per-token input scales)."""
+    `fp8_gather`: the SP gathers move FP8 bytes + scales (FP8 recipes with per-token input scales);
+    `weight_passes`: how many times a GPU quantizes its FP8 linear weights in the step (0: no FP8 weights)."""
 
     size: QwenSize
     seq: int
@@ -170,6 +178,16 @@ class Case:
     micro_batches: int
     layout: Layout
     fp8_gather: bool = False
+    weight_passes: float = 0.0
+
+
+def weight_quant_elems(case: Case, dp: DataParallel) -> float:
+    """FP8 linear weight elements one GPU quantizes in the step: under the FP8 parameter gather its share of them
+    once (what it stepped), else its whole TP shard `case.weight_passes` times."""
+    if not case.weight_passes:
+        return 0.0
+    fp8 = fp8_linear_params(case.size, case.layout.tp)
+    return fp8 / case.layout.grad_ranks if dp.fp8_params != "off" else fp8 * case.weight_passes
 
 
 @dataclass(frozen=True)
@@ -232,7 +250,7 @@ def predict(case: Case, rates: ComputeRates, net: Network, dp: DataParallel, ove
     mb = rates.replica_micro_batch_s(case.size, case.seq, case.mbs) / (lay.tp * lay.cp)
     owned = rank_params(case.size, lay.tp) / (lay.grad_ranks if dp.mode == "zero1" else 1)
     optimizer = owned * rates.optimizer_s_per_param
-    compute = case.micro_batches * mb + optimizer
+    compute = case.micro_batches * mb + optimizer + weight_quant_elems(case, dp) * rates.weight_quant_s_per_elem
     per_mb = tp_collectives(case.size, case.seq, case.mbs, lay, case.fp8_gather) + cp_collectives(
         case.size, case.seq, case.mbs, lay)
     tp_cp = case.micro_batches * comm_seconds(per_mb, lay, net) * (1.0 - overlap.tp_hidden)

@@ -111,6 +111,10 @@ def classify(name: str) -> str:
         return "swiglu+quantize (fused)"
     if "swiglu" in n:  # FP8 recipes' SwiGLU kernels (which also quantize its saved input) replace BF16's fused one
         return "elementwise/other"
+    if any(k in n for k in ("quant_block", "range_quant", "range_amax")) and not n.startswith("triton_"):
+        # the FP8 weights' 128x128-block quantizers (whole weights, or a rank's range under the FP8 parameter
+        # gather): work per weight element, not per token, which the scaling model prices apart
+        return "weight quantize"
     # inductor's own kernels are named after the graph nodes around them: an RMSNorm feeding the
     # quantize op came out as triton_red_fused_..._fp8_quantize_pair_mean_..._rsqrt (ours: _quant_*, quant_*)
     if any(k in n for k in ("quant", "fp8", "cast_to")) and not n.startswith("triton_"):

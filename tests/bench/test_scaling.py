@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from _common import markdown_table  # noqa: E402
 from report import Run, is_number  # noqa: E402
 from result_file import write_result  # noqa: E402
 from scaling_model import (  # noqa: E402
-    GB, BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms,
+    GB, BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms, weight_quant_elems,
 )
 
 from infir.model.qwen import QwenSize, get_size  # noqa: E402
@@ -103,6 +104,27 @@ def test_gemms_are_priced_by_flops_and_the_other_work_by_activation_elements():
 
     gemms = {"gemm": 1.0}
     assert compute(gemms, wide) / compute(gemms, SIZE) == pytest.approx(matmul_params(wide) / matmul_params(SIZE))
+
+
+def test_fp8_weight_quantization_is_priced_per_weight_element_quantized():
+    """Where the profile names it, the weights' quantization is charged to the elements quantized: a step that
+    quantizes them once (kept for the step) priced as one that does so at every forward and recompute of
+    4 micro-batches pays it 8 times; the FP8 parameter gather's quantizes a rank's share once."""
+    net = Network(BusBandwidth.flat(100.0))
+    shares = {"gemm": 0.6, "attention": 0.2, "weight quantize": 0.1, "elementwise/other": 0.1}
+    F = fp8_linear_params(SIZE, 1)
+    kept = Case(SIZE, SEQ, 2, 4, Layout(), weight_passes=1)
+    rates = ComputeRates.from_step(SIZE, SEQ, 2 * 4 * SEQ, 700.0, Layout(), shares, P, weight_elems=F)
+    assert rates.weight_quant_s_per_elem * F == pytest.approx(0.070)
+    assert predict(kept, rates, net, DataParallel(), Overlap())["compute_ms"] == pytest.approx(700.0)
+    per_forward = replace(kept, layout=Layout(recompute="full"), weight_passes=8)
+    extra = predict(per_forward, rates, net, DataParallel(), Overlap())["compute_ms"] - 700.0
+    assert extra == pytest.approx(7 * 70.0)
+    gathered = DataParallel("zero1", fp8_params="amax")
+    dp4 = replace(kept, layout=Layout(dp=4))
+    assert weight_quant_elems(dp4, gathered) == pytest.approx(F / 4) and weight_quant_elems(dp4, DataParallel("zero1")) == F
+    # without the count the class stays with the rest, priced per activation element as before
+    assert ComputeRates.from_step(SIZE, SEQ, 2 * 4 * SEQ, 700.0, Layout(), shares, P).weight_quant_s_per_elem == 0
 
 
 def _zero1(buckets: int = 10) -> DataParallel:

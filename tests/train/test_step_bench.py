@@ -30,6 +30,9 @@ def test_kernel_classes_of_the_profile():
     assert step.classify(both.format("SwigluFwdRows")) == "swiglu+quantize (fused)"
     assert step.classify("_swiglu_fp8_bwd_kernel") == "elementwise/other"
     assert step.classify("_quant_rows_kernel") == "quantize"
+    # the FP8 weights' block quantizers: per weight element, not per token
+    assert step.classify("_quant_block_kernel") == "weight quantize"
+    assert step.classify("_range_quant_kernel") == "weight quantize"
     assert step.classify("triton_red_fused__to_copy_add_fp8_quantize_pair_mean_mul_pow_rsqrt_view_0") != "quantize"
 
 
