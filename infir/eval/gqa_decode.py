@@ -35,12 +35,15 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
 
 
 def use_gqa_decode(model) -> None:
-    """Switch a transformers model whose attention is SDPA to gqa_decode_attention (the same masks as SDPA's)."""
-    from transformers import AttentionInterface, AttentionMaskInterface
-    from transformers.masking_utils import sdpa_mask
-
+    """Switch a transformers model whose attention is SDPA to gqa_decode_attention (the same masks as SDPA's).
+    A transformers without registrable attention and masks keeps the model's own path."""
+    try:
+        from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.masking_utils import sdpa_mask
+    except ImportError:
+        return
     if model.config._attn_implementation != "sdpa" or not hasattr(model, "set_attn_implementation"):
-        return  # another attention, or a transformers without attention switching: the model's own path
+        return
     AttentionInterface.register(NAME, gqa_decode_attention)
     AttentionMaskInterface.register(NAME, sdpa_mask)
     model.set_attn_implementation(NAME)
