@@ -2,9 +2,9 @@
 
 Why our own: with an attention mask (left-padded rows, a static cache's unwritten positions), transformers'
 SDPA path on CUDA expands K and V to one copy per query head (`repeat_kv`) before the kernel, as the fused
-kernels take no grouped heads beside a mask. For Qwen2.5-0.5B's 14 query and 2 KV heads at batch 64 that writes
-the whole cache seven times over at every decode step, about 10 GB at a 1.8k-position cache, and the kernel then
-reads it. For one query position the copies are not needed: the group's query heads become the query positions of
+kernels take no grouped heads beside a mask. For Qwen2.5-0.5B's 14 query and 2 KV heads that writes seven copies
+of every layer's whole cache at every decode step, which the kernel then reads, where the step needs the cache
+read once. For one query position the copies are not needed: the group's query heads become the query positions of
 their KV head, [batch, kv heads, group, dim], and one mask row serves them all. transformers does this itself
 (`pack_gqa`) only outside torch.compile, where infir's decoder never runs. Every other call (prompts, models
 without grouped heads, per-head masks) goes to transformers' own SDPA attention.
@@ -30,7 +30,7 @@ def gqa_decode_attention(module, query, key, value, attention_mask, dropout: flo
     batch, heads, _, dim = query.shape
     packed = query.reshape(batch, heads // groups, groups, dim)  # the group's heads as the KV head's query positions
     out = F.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
-                                         dropout_p=dropout if module.training else 0.0, scale=scaling)
+                                         dropout_p=dropout, scale=scaling)
     return out.reshape(batch, heads, 1, dim).transpose(1, 2).contiguous(), None
 
 

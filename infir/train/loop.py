@@ -265,10 +265,10 @@ class Trainer:
             self.optimizer.release_grads(self.model)
         if self.optimizer.sharded:
             overlap_gathers_with_forward(self.model.module, self.optimizer)
-        if fp8_param_gather(cfg.optimizer, self.recipe, self.optimizer.sharded):
-            self.optimizer.gather_fp8_params(self.model.module)
-        elif bf16_param_gather(self.recipe, self.optimizer.sharded):
-            self.optimizer.gather_bf16_params(self.model.module)
+        fp8, bf16 = (fp8_param_gather(cfg.optimizer, self.recipe, self.optimizer.sharded),
+                     bf16_param_gather(self.recipe, self.optimizer.sharded))
+        if fp8 or bf16:
+            self.optimizer.narrow_gathers(self.model.module, fp8=fp8, bf16=bf16)
 
         # Data and the length of the run.
         self.train_ds, self.valid_ds = data.build_data(cfg, info, self.size.vocab)

@@ -118,8 +118,8 @@ class DataParallelOptimizer:
         self.views = [v for part in self.parts for v in part.views]
         self._queue: list = []  # buckets whose parameter gather the last step queued and has not started
         self._pending: dict = {}  # bucket -> its started parameter gather's works, until a forward reads it
-        self._fp8: dict = {}  # bucket -> its BucketFp8Gather, where its FP8 weights cross as FP8 (gather_fp8_params)
-        self._bf16: dict = {}  # bucket -> its BucketBf16Gather, where its FP32 parameters cross as BF16 (gather_bf16_params)
+        self._fp8: dict = {}  # bucket -> its BucketFp8Gather, where its FP8 weights cross as FP8 (narrow_gathers)
+        self._bf16: dict = {}  # bucket -> its BucketBf16Gather, where its FP32 parameters cross as BF16 (narrow_gathers)
         self._params_behind = False  # whether a narrower gather left other ranks' elements of the parameters inexact
         self._bucket_of = {p: part.bucket for part in self.parts if part.bucket is not None for p in part.bucket.params}
         self.counted = [param_is_not_tensor_parallel_duplicate(getattr(v, "whole", v)) for v in self.views]
@@ -271,48 +271,28 @@ class DataParallelOptimizer:
                 narrow.sync_params()
             self._params_behind = False
 
-    def gather_fp8_params(self, model: torch.nn.Module) -> None:
-        """Gather the FP8 linears' weights as FP8 from now on (fp8_param_gather.py; sharded only), and under BF16
-        autocast a bucket's other FP32 parameters as BF16 where that sends fewer bytes (its norm and FP8 weights
-        exact): each bucket takes the narrowest of the two, or its plain gather."""
+    def narrow_gathers(self, model: torch.nn.Module, fp8: bool, bf16: bool) -> None:
+        """From now on each bucket's parameter gather sends the fewest bytes of: its FP8 linears' weights as FP8
+        (`fp8`, fp8_param_gather.py), its FP32 parameters as BF16 with the weights read in FP32 exact (`bf16`:
+        BF16 autocast, param_gather.py), or its parameters as they are. Sharded states only."""
         from infir.train.fp8_param_gather import BucketFp8Gather, Fp8ParamGather, fp8_targets
         from infir.train.param_gather import BucketBf16Gather
 
         if not self.sharded:
-            raise ValueError("the FP8 parameter gather runs under sharded optimizer states (optimizer.distributed)")
-        targets, recipe = fp8_targets(model)
-        bf16 = recipe is not None and bf16_param_gather(recipe, self.sharded)
+            raise ValueError("narrower parameter gathers run under sharded optimizer states (optimizer.distributed)")
+        targets, recipe = fp8_targets(model) if fp8 else ({}, None)
         exact = _read_exact(model)
         for part in self.parts:
             bucket, ways = part.bucket, []
             if any(p in targets for p in bucket.params):
                 ways.append(BucketFp8Gather(part.buffer, bucket, self.group, targets, recipe))
             if bf16 and bucket.param_data.dtype == torch.float32:
-                # a bucket without FP8 weights (the embedding's, the LM head's), or one mostly of other parameters
                 ways.append(BucketBf16Gather(part.buffer, bucket, self.group, exact))
-            self._narrow_where_fewer(bucket, ways)
+            way = min(ways, key=lambda w: w.wire_bytes, default=None)
+            if way is not None and way.wire_bytes < self._plain_bytes(bucket):
+                (self._fp8 if isinstance(way, BucketFp8Gather) else self._bf16)[bucket] = way
         if self._fp8:
             self._fp8_gather = Fp8ParamGather(list(self._fp8.values()), self.group)
-
-    def gather_bf16_params(self, model: torch.nn.Module) -> None:
-        """Gather FP32 parameters as BF16 from now on, where that sends fewer bytes than FP32 (param_gather.py;
-        sharded only, for a model under BF16 autocast), the norm and FP8 linear weights exactly."""
-        from infir.train.param_gather import BucketBf16Gather
-
-        if not self.sharded:
-            raise ValueError("the BF16 parameter gather runs under sharded optimizer states (optimizer.distributed)")
-        exact = _read_exact(model)
-        for part in self.parts:
-            if part.bucket.param_data.dtype == torch.float32:
-                self._narrow_where_fewer(part.bucket, [BucketBf16Gather(part.buffer, part.bucket, self.group, exact)])
-
-    def _narrow_where_fewer(self, bucket, ways: list) -> None:
-        """The bucket's gather: the way of `ways` that sends fewest bytes, where that is fewer than its plain gather."""
-        from infir.train.fp8_param_gather import BucketFp8Gather
-
-        way = min(ways, key=lambda w: w.wire_bytes, default=None)
-        if way is not None and way.wire_bytes < self._plain_bytes(bucket):
-            (self._fp8 if isinstance(way, BucketFp8Gather) else self._bf16)[bucket] = way
 
     @property
     def gathers_fp8(self) -> bool:
