@@ -37,9 +37,11 @@ def header() -> str:
 
 def launch_settings() -> str:
     """The environment variables that change how kernels and collectives are issued (the hardware queues, NCCL's
-    channels and protocols), as set for this run: part of how a timing was measured."""
+    channels and protocols, the priority of torch's NCCL streams), as set for this run: part of how a timing
+    was measured."""
     return " ".join(f"{k}={v}" for k, v in sorted(os.environ.items())
-                    if k == "CUDA_DEVICE_MAX_CONNECTIONS" or (k.startswith("NCCL_") and not k.endswith("_VERSION")))
+                    if k in ("CUDA_DEVICE_MAX_CONNECTIONS", "TORCH_NCCL_HIGH_PRIORITY")
+                    or (k.startswith("NCCL_") and not k.endswith("_VERSION")))
 
 
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:

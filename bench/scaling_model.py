@@ -24,8 +24,9 @@ first, then CP, then DP (megatron's order), so a TP group of up to a node's GPUs
 Step = compute + the exposed part of TP/CP communication (`Overlap.tp_hidden` hidden) + the cost of the
 data-parallel communication: all of it where the trainer does not overlap it; where it does (the gradient
 buckets beside the last micro-batch's backward, the parameter gathers beside the optimizer step and the
-next forward), what exceeds those windows, or at least one bucket each way (the last gradients are ready
-when the backward ends; the first layer waits for its parameters), plus the contention of the rest:
+next forward), what exceeds those windows, or at least the embedding's bucket each way (`edge_params`: its
+gradients are the last ready, when the backward ends; the embedding waits for its parameters, whose gather
+has only the other buckets' optimizer steps beside it), plus the contention of the rest:
 overlapped collectives take SMs and memory bandwidth from the compute beside them, which slows by
 `Overlap.dp_contention` times their time at intra-node bus bandwidth (their work on the GPU, which does not
 depend on how slow the wire behind it is). The contention is measured (bench/scaling.py: a data-parallel
@@ -39,8 +40,8 @@ from dataclasses import dataclass, field, replace
 
 from infir.model.qwen import QwenSize
 from infir.train.comm_volume import (
-    Collective, DataParallel, Layout, cp_collectives, dp_collectives, fp8_linear_params, rank_params, ring_factor,
-    tp_collectives,
+    Collective, DataParallel, Layout, cp_collectives, dp_collectives, embedding_params, fp8_linear_params, rank_params,
+    ring_factor, tp_collectives,
 )
 from infir.train.flops import flops_per_token, matmul_params
 
@@ -214,10 +215,28 @@ def comm_seconds(collectives: list[Collective], layout: Layout, net: Network) ->
     return total
 
 
-def phase_seconds(collectives: list[Collective], phase: str, layout: Layout, net: Network) -> tuple[float, float]:
-    """(all calls, one call) of the collectives of a phase: one bucket's time is what no overlap can hide."""
-    sel = [c for c in collectives if c.phase == phase]
-    return comm_seconds(sel, layout, net), comm_seconds([replace(c, calls=1) for c in sel], layout, net)
+def phase_seconds(collectives: list[Collective], phase: str, layout: Layout, net: Network) -> float:
+    """All calls of the collectives of a phase."""
+    return comm_seconds([c for c in collectives if c.phase == phase], layout, net)
+
+
+def edge_params(case: Case, dp: DataParallel) -> float:
+    """Parameters of one TP rank in the bucket no overlap hides, the last reduced and the first gathered: the
+    embedding's (comm_volume.embedding_params), with what else fills that bucket up to megatron's size."""
+    params = rank_params(case.size, case.layout.tp)
+    return min(params, max(embedding_params(case.size, case.layout.tp), dp.bucket_elems or params))
+
+
+def edge_seconds(case: Case, dp: DataParallel, net: Network) -> tuple[float, float]:
+    """(gradients, parameters) of that bucket, in the phases' dtypes (the FP8 weights in it counted as the
+    rest of the parameters)."""
+    lay = case.layout
+    elems = edge_params(case, dp)
+    reduce = "all_reduce" if dp.mode == "ddp" else "reduce_scatter"
+    grads = comm_seconds([Collective("edge gradients", reduce, "dp", elems * dp.grad_bytes, 1, "grads")], lay, net)
+    params = 0.0 if dp.mode == "ddp" else comm_seconds(
+        [Collective("edge parameters", "all_gather", "dp", elems * dp.param_bytes, 1, "params")], lay, net)
+    return grads, params
 
 
 def backward_share(recompute: str) -> float:
@@ -226,19 +245,23 @@ def backward_share(recompute: str) -> float:
     return 3 / 4 if recompute == "full" else 2 / 3
 
 
-def dp_seconds(case: Case, net: Network, dp: DataParallel, windows: tuple[float, float]) -> tuple[float, float, float]:
+def dp_seconds(case: Case, net: Network, dp: DataParallel, windows: tuple[float, float], lead: float) -> tuple[float, float, float]:
     """(all, exposed, hidden at intra-node bus bandwidth) of the step's data-parallel communication: the
-    gradients' and the parameters' phases beside the compute `windows` they may overlap (s)."""
+    gradients' and the parameters' phases beside the compute `windows` they may overlap (s). Overlapped, each
+    phase still shows its edge bucket (`edge_seconds`): its gradients once the backward has ended, and its
+    parameters' gather less the `lead` of compute beside it (the trainer steps that bucket first and gathers it
+    beside the other buckets' steps)."""
     lay = case.layout
     steps = dp_collectives(case.size, lay, dp)
     in_node = replace(net, gpus_per_node=max(net.gpus_per_node, lay.gpus))  # the same groups inside one node
+    edges = edge_seconds(case, dp, net)
     total = exposed = hidden = 0.0
-    for phase, window in zip(("grads", "params"), windows):
-        t, one_bucket = phase_seconds(steps, phase, lay, net)
-        shown = max(one_bucket, t - window) if dp.overlap else t
+    for phase, window, edge in zip(("grads", "params"), windows, (edges[0], max(0.0, edges[1] - lead))):
+        t = phase_seconds(steps, phase, lay, net)
+        shown = max(min(edge, t), t - window) if dp.overlap else t
         total, exposed = total + t, exposed + shown
         if t > 0:
-            hidden += (t - shown) * phase_seconds(steps, phase, lay, in_node)[0] / t
+            hidden += (t - shown) * phase_seconds(steps, phase, lay, in_node) / t
     return total, exposed, hidden
 
 
@@ -255,7 +278,10 @@ def predict(case: Case, rates: ComputeRates, net: Network, dp: DataParallel, ove
         case.size, case.seq, case.mbs, lay)
     tp_cp = case.micro_batches * comm_seconds(per_mb, lay, net) * (1.0 - overlap.tp_hidden)
     bwd = backward_share(lay.recompute)  # gradients beside the last backward; parameters beside the step and next forward
-    total, exposed, hidden = dp_seconds(case, net, dp, (bwd * mb, optimizer + (1 - bwd) * mb))
+    # the embedding's gather starts once its own step is done, beside the other buckets' (not under the FP8
+    # parameter gather, whose gathers wait for every bucket's block amaxes)
+    lead = 0.0 if dp.fp8_params != "off" else optimizer * (1 - edge_params(case, dp) / rank_params(case.size, lay.tp))
+    total, exposed, hidden = dp_seconds(case, net, dp, (bwd * mb, optimizer + (1 - bwd) * mb), lead)
     cost = exposed + overlap.dp_contention * hidden
     step = compute + tp_cp + cost
     return {"step_ms": 1e3 * step, "compute_ms": 1e3 * compute, "tp_cp_comm_ms": 1e3 * tp_cp,

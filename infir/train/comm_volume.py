@@ -161,6 +161,14 @@ def rank_params(size: QwenSize, tp: int) -> float:
     return (size.num_params() - norms) / tp + norms
 
 
+def embedding_params(size: QwenSize, tp: int) -> float:
+    """The input embedding's weight on one tensor-parallel rank (vocab-parallel). Megatron's DDP fills its
+    buckets in reverse parameter order and this weight, larger than a bucket, closes the last one: its
+    gradients are the last reduced (the embedding's backward ends the step's) and its parameters the first the
+    next forward reads. Tied to the LM head it is the same weight."""
+    return size.vocab * size.hidden / tp
+
+
 def fp8_linear_params(size: QwenSize, tp: int) -> float:
     """Weights of one tensor-parallel rank's FP8 linears: QKV, proj, FC1 (gate and up) and FC2 of every layer."""
     d, kv = size.hidden, size.kv_heads * size.head_dim

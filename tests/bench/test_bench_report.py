@@ -113,6 +113,7 @@ def test_emit_writes_the_result_file_beside_the_report(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_MAX_CTAS", "8")
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     monkeypatch.setenv("NCCL_VERSION", "2.28.9")  # an image's label, not a setting
+    monkeypatch.setenv("TORCH_NCCL_HIGH_PRIORITY", "1")
     out = tmp_path / "quant.md"
     emit("FP8 quantization kernels", ["measured copy bandwidth (read+write): 3005 GB/s",
                                       markdown_table([{"kernel": "1x128", "ms": 0.139, "GB/s": 2920.0}])], str(out))
@@ -121,9 +122,9 @@ def test_emit_writes_the_result_file_beside_the_report(tmp_path, monkeypatch):
     assert {"device", "torch", "cuda", "triton", "python", "command", "date", "commit"} <= set(result["env"])
     assert result["notes"] == ["measured copy bandwidth (read+write): 3005 GB/s"]
     # the launch settings it ran under, shown before its command on the page
-    assert result["env"]["environment"] == "CUDA_DEVICE_MAX_CONNECTIONS=1 NCCL_MAX_CTAS=8"
+    assert result["env"]["environment"] == "CUDA_DEVICE_MAX_CONNECTIONS=1 NCCL_MAX_CTAS=8 TORCH_NCCL_HIGH_PRIORITY=1"
     run = report.load_run(out.with_suffix(".json"))
-    assert report.command(run).startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 NCCL_MAX_CTAS=8 python ")
+    assert report.command(run).startswith("CUDA_DEVICE_MAX_CONNECTIONS=1 NCCL_MAX_CTAS=8 TORCH_NCCL_HIGH_PRIORITY=1 python ")
     assert result["tables"][0]["rows"] == [{"kernel": "1x128", "ms": 0.139, "GB/s": 2920.0}]
     assert result["tables"][0]["printed"] == [["1x128", "0.139", "2.92e+03"]]
 

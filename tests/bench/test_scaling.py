@@ -22,17 +22,19 @@ from _common import markdown_table  # noqa: E402
 from report import Run, is_number  # noqa: E402
 from result_file import write_result  # noqa: E402
 from scaling_model import (  # noqa: E402
-    GB, BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms, weight_quant_elems,
+    GB, BusBandwidth, Case, ComputeRates, Network, Overlap, edge_params, predict, profiled_compute_ms,
+    weight_quant_elems,
 )
 
 from infir.model.qwen import QwenSize, get_size  # noqa: E402
 from infir.train.comm_volume import (  # noqa: E402
-    BLOCK_SCALE_BYTES, DataParallel, Layout, fp8_linear_params, rank_params,
+    BLOCK_SCALE_BYTES, DataParallel, Layout, embedding_params, fp8_linear_params, rank_params,
 )
 
 MODEL, SEQ = "qwen2.5-1.5b", 4096
 SIZE = get_size(MODEL)
 P = rank_params(SIZE, 1)
+EMB = embedding_params(SIZE, 1) / P  # the embedding's share of the parameters: its bucket is the last reduced, first gathered
 SHARES = {"attention": 0.2, "optimizer": 0.05, "gemm": 0.6, "elementwise/other": 0.15}
 
 
@@ -141,7 +143,7 @@ def test_data_parallel_time_is_exposed_unless_it_overlaps_and_then_its_excess_an
         assert exposed["dp_cost_ms"] == pytest.approx(total) and exposed["dp_hidden_ms"] == 0
         overlapped = DataParallel("ddp", grad_bytes=4, bucket_elems=math.ceil(P / 10), overlap=True)
         hidden = predict(_case(Layout(dp=2)), _rates(), net, overlapped, Overlap())
-        shown = max(total / 10, total - 2 / 3 * mb)  # at least the last bucket, after the backward ends
+        shown = max(total * EMB, total - 2 / 3 * mb)  # at least the embedding's bucket, after the backward ends
         assert hidden["dp_cost_ms"] == pytest.approx(shown) and hidden["dp_hidden_ms"] == pytest.approx(total - shown)
         assert hidden["efficiency"] == pytest.approx(hidden["compute_ms"] / hidden["step_ms"])
         # what the hidden part takes from the compute beside it
@@ -154,7 +156,22 @@ def test_data_parallel_time_is_exposed_unless_it_overlaps_and_then_its_excess_an
     optimizer = 0.05 * 700 / 2
     assert zero1["compute_ms"] == pytest.approx(0.95 * 700 + optimizer)  # each rank steps half of the states
     assert zero1["dp_comm_ms"] == pytest.approx(2 * half)
-    assert zero1["dp_cost_ms"] == pytest.approx(max(half / 10, half - 2 / 3 * mb) + max(half / 10, half - optimizer - mb / 3))
+    # the embedding's gather, its bucket stepped first, has the other buckets' steps beside it
+    first = max(0.0, half * EMB - optimizer * (1 - EMB))
+    assert zero1["dp_cost_ms"] == pytest.approx(max(half * EMB, half - 2 / 3 * mb) + max(first, half - optimizer - mb / 3))
+    # the FP8 parameter gather starts once every bucket has stepped: the embedding's gather has nothing beside it
+    fp8 = replace(_zero1(), fp8_params="amax")
+    windows = predict(_case(Layout(dp=2), micro_batches=1000), _rates(), Network(BusBandwidth.flat(1000.0)), fp8, Overlap())
+    edge = 1e3 * 4 * embedding_params(SIZE, 1) / 2 / (1000 * GB)  # its FP32 parameters, gathered as FP32 gradients go
+    assert windows["dp_cost_ms"] == pytest.approx(2 * edge)
+
+
+def test_the_bucket_no_overlap_hides_is_the_embeddings_or_a_larger_megatron_bucket():
+    case = _case(Layout(dp=2))
+    assert EMB > 1 / 10 and edge_params(case, _zero1(10)) == embedding_params(SIZE, 1)  # a bucket of its own
+    assert edge_params(case, _zero1(2)) == pytest.approx(P / 2)  # buckets of 1M x DP elements outgrow it at scale
+    assert edge_params(case, DataParallel("zero1")) == P  # one bucket: all of it
+    assert edge_params(_case(Layout(tp=2, dp=2)), _zero1(20)) == embedding_params(SIZE, 2)  # vocab-parallel
 
 
 def test_overlapped_collectives_across_nodes_contend_for_their_intra_node_time():
@@ -166,8 +183,11 @@ def test_overlapped_collectives_across_nodes_contend_for_their_intra_node_time()
     wire = B * 7 / 8 / (400 * GB) + B / 8 * 1 / 2 / (50 * GB)  # eight a node over NVLink, then an eighth a rank across
     in_node = B * 15 / 16 / (400 * GB)  # the same bytes were the sixteen ranks in one node
     assert out["dp_comm_ms"] == pytest.approx(1e3 * 2 * wire)
-    assert out["dp_hidden_ms"] == pytest.approx(1e3 * 2 * in_node * 9 / 10)
-    assert out["dp_cost_ms"] == pytest.approx(1e3 * 2 * (wire / 10 + in_node * 9 / 10))
+    optimizer = 0.05 * 0.700 / 16  # s: each rank steps a sixteenth of the states
+    shown = (wire * EMB, max(0.0, wire * EMB - optimizer * (1 - EMB)))  # the embedding's bucket, each way
+    hidden = sum(in_node * (1 - s / wire) for s in shown)
+    assert out["dp_hidden_ms"] == pytest.approx(1e3 * hidden)
+    assert out["dp_cost_ms"] == pytest.approx(1e3 * (sum(shown) + hidden))
 
 
 # ---------------------------------------------------------------------------------- the commands, on files
@@ -203,14 +223,17 @@ def _bandwidth(folder: Path, gbs: float) -> None:
 
 REPLICATED = "+optimizer.distributed=false,optimizer.overlap_grad_reduce=false"
 WIRE_MS = 1e3 * 4 * P / (200.0 * GB)  # the FP32 gradients' all-reduce at 200 GB/s (2(n-1)/n = 1 at n=2); ZeRO-1's
-BUCKETS = math.ceil(P / 40e6)  # reduce-scatter and all-gather (n-1)/n = 1/2 each, in megatron's 40M-element buckets
-CONTENTION = 0.5
+CONTENTION = 0.5  # reduce-scatter and all-gather (n-1)/n = 1/2 each
 
 
 def _zero1_ms(contention: float) -> float:
-    """The DP=2 ZeRO-1 step, by hand: the compute less half the optimizer, the last gradient bucket and the first
-    parameter bucket exposed, and the rest of both phases hidden, at `contention` of its time."""
-    return 0.95 * 700 + 0.05 * 700 / 2 + WIRE_MS / BUCKETS + contention * WIRE_MS * (1 - 1 / BUCKETS)
+    """The DP=2 ZeRO-1 step, by hand: the compute less half the optimizer; the embedding's gradient bucket
+    exposed, and its parameters' gather less the other buckets' steps beside it; the rest of both phases
+    hidden, at `contention` of its time."""
+    optimizer = 0.05 * 700 / 2
+    grads = WIRE_MS / 2 * EMB
+    params = max(0.0, grads - optimizer * (1 - EMB))
+    return 0.95 * 700 + optimizer + grads + params + contention * (WIRE_MS - grads - params)
 
 
 def _kernel_shares(compute: dict, comm: float, exposed: float) -> dict:
