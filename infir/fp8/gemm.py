@@ -49,16 +49,24 @@ def blockwise_dtypes_ok(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype == torch.float8_e4m3fn
 
 
+def scaled_mm_misfits(a: QTensor, b: QTensor) -> list[str]:
+    """What keeps A [M, K] @ B [N, K]^T off the scaled_mm backend (its granularities, dtypes, or each size that
+    is not the multiple it needs, named so); empty where scaled_mm takes it."""
+    if (a.granularity, b.granularity) not in _SCALED_MM_PAIRS:
+        return [f"granularities {(a.granularity, b.granularity)}"]
+    if a.data.dim() != 2 or b.data.dim() != 2:
+        return [f"operands of {a.data.dim()} and {b.data.dim()} dimensions"]
+    if a.granularity == "token" and not blockwise_dtypes_ok(a.data, b.data):
+        return [f"dtypes {(a.data.dtype, b.data.dtype)}"]
+    (m, k), n = a.data.shape, b.data.shape[0]
+    need = ((("K", k, 16), ("N", n, 16)) if a.granularity in ("tensor", "row")
+            else (("K", k, 128), ("N", n, 128), ("M", m, 16)))
+    return [f"{name}={size} (needs a multiple of {multiple})" for name, size, multiple in need if size % multiple]
+
+
 def scaled_mm_fits(a: QTensor, b: QTensor) -> bool:
     """Shapes, granularities and dtypes the scaled_mm backend takes (else auto falls back)."""
-    if (a.granularity, b.granularity) not in _SCALED_MM_PAIRS or a.data.dim() != 2 or b.data.dim() != 2:
-        return False
-    if a.granularity == "token" and not blockwise_dtypes_ok(a.data, b.data):
-        return False
-    k = a.data.shape[1]
-    if a.granularity in ("tensor", "row"):
-        return k % 16 == 0 and b.data.shape[0] % 16 == 0
-    return k % 128 == 0 and b.data.shape[0] % 128 == 0 and a.data.shape[0] % 16 == 0
+    return not scaled_mm_misfits(a, b)
 
 
 def outer_dim_major(s: torch.Tensor) -> torch.Tensor:
@@ -215,21 +223,21 @@ def resolve_backend(a: QTensor, b: QTensor, backend: str = "auto") -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _warn_slow_fallback_once(pair: tuple, shapes: tuple, dtypes: tuple, dtype_refused: bool) -> None:
-    if dtype_refused:
-        why = (f"blockwise scaled_mm takes E4M3 operands only, not {dtypes} (so an E5M2 recipe's dgrad and wgrad "
-               "run this way on Hopper): use an E4M3 recipe for speed")
-    else:
-        why = (f"shapes {shapes} do not fit scaled_mm (see scaled_mm_fits): pad the token count to a multiple of "
-               "16 (128 for K) to stay on the fast path")
+def _warn_slow_fallback_once(pair: tuple, why: str) -> None:
     warnings.warn(f"fp8_gemm: {pair} operands run the emulated FP32 GEMM on the GPU, which is far slower; {why}",
                   stacklevel=3)
 
 
 def _warn_slow_fallback(a: QTensor, b: QTensor) -> None:
-    refused = a.granularity == "token" and not blockwise_dtypes_ok(a.data, b.data)
-    _warn_slow_fallback_once((a.granularity, b.granularity), (tuple(a.data.shape), tuple(b.data.shape)),
-                             (str(a.data.dtype), str(b.data.dtype)), refused)
+    if a.granularity == "token" and not blockwise_dtypes_ok(a.data, b.data):
+        why = (f"blockwise scaled_mm takes E4M3 operands only, not {(str(a.data.dtype), str(b.data.dtype))} (so an "
+               "E5M2 recipe's dgrad and wgrad run this way on Hopper): use an E4M3 recipe for speed")
+    else:
+        why = (f"A {tuple(a.data.shape)} @ B {tuple(b.data.shape)}^T does not fit scaled_mm: "
+               f"{', '.join(scaled_mm_misfits(a, b))}. In a layer M, N and K are the micro-batch's tokens and the "
+               "layer's widths on one tensor-parallel rank (hidden, FFN, heads x head dim, over TP): choose a "
+               "micro-batch and a TP size that keep them so")
+    _warn_slow_fallback_once((a.granularity, b.granularity), why)
 
 
 def fp8_gemm_accumulate(a: QTensor, b: QTensor, out: torch.Tensor, backend: str = "auto") -> None:

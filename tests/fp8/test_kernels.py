@@ -328,3 +328,20 @@ def test_gpu_cuda_two_level_kernel_equals_the_cpu_reference(shape):
     wide = rand((shape[0], shape[1] + 64), device="cuda")[:, 64:]
     assert cuda_two_level_ok(wide)
     assert_same_q(kn.quantize_two_level_triton(wide, impl="cuda"), quantize_reference(wide.cpu(), "two_level", "fp32"))
+
+
+def test_scaled_mm_misfits_name_each_size_that_keeps_a_gemm_off_it():
+    """The auto backend's fallback warning says which of M, N and K is not the multiple scaled_mm needs, as a
+    small model's per-TP-rank width (576 = 1152 / 2) is not a multiple of 128."""
+    from infir.fp8.gemm import scaled_mm_fits, scaled_mm_misfits
+
+    tokens = quantize(rand((4096, 896)), "token")
+    assert scaled_mm_misfits(tokens, quantize(rand((1024, 896)), "block")) == []
+    assert scaled_mm_fits(tokens, quantize(rand((1024, 896)), "block"))
+    assert scaled_mm_misfits(tokens, quantize(rand((576, 896)), "block")) == ["N=576 (needs a multiple of 128)"]
+    odd = quantize(rand((4100, 448)), "token")
+    assert scaled_mm_misfits(odd, quantize(rand((896, 448)), "block")) == [
+        "K=448 (needs a multiple of 128)", "M=4100 (needs a multiple of 16)"]
+    assert scaled_mm_misfits(quantize(rand((64, 40)), "tensor"), quantize(rand((32, 40)), "tensor")) == [
+        "K=40 (needs a multiple of 16)"]
+    assert scaled_mm_misfits(tokens, quantize(rand((896, 4096)), "tensor")) == ["granularities ('token', 'tensor')"]
