@@ -52,9 +52,13 @@ def view(path: Path, step: int | None, min_us: float) -> str:
     inside = [k for k in kernels if lo <= k[2] < hi]
     busy = _union([(k[2], k[3]) for k in kernels if classify(k[0]) != "communication"])
     lines = [f"{path.name}: step {i}, {(hi - lo) / 1e3:.1f} ms from its first kernel to the next step's"]
-    opt = [k for k in inside if classify(k[0]) == "optimizer"]
-    compute = [k for k in inside if classify(k[0]) not in ("communication", "optimizer")]
-    for label, ks in (("forward+backward", [k for k in compute if not opt or k[2] < opt[0][2]]), ("optimizer", opt)):
+    # the optimizer's step follows the last GEMM: "foreach" kernels inside the forward (weight refreshes, copies
+    # of gathered parameters) are not part of it
+    gemms = [k for k in inside if classify(k[0]) == "gemm"]
+    end = max((k[3] for k in gemms), default=lo)
+    opt = [k for k in inside if classify(k[0]) == "optimizer" and k[2] >= end]
+    compute = [k for k in inside if classify(k[0]) not in ("communication", "optimizer") and k[2] < end]
+    for label, ks in (("forward+backward", compute), ("optimizer", opt)):
         if ks:
             lines.append(f"  {label}: {(ks[0][2] - lo) / 1e3:.2f} .. {(max(k[3] for k in ks) - lo) / 1e3:.2f} ms")
     total = 0.0
