@@ -38,6 +38,7 @@ def test_the_middle_step_shows_the_gather_that_ran_with_nothing_beside_it(tmp_pa
     assert "0.80     0.95   0.15   0.15  s23  ncclDevKernel_AllGather" in text
     assert "0.60     0.75   0.15   0.05  s23  ncclDevKernel_ReduceScatter" in text
     assert "exposed collective time: 0.2 ms" in text and text.count("AllGather") == 1
+    assert "after the last GEMM: 0.3 ms to the next step, the GPU idle 0.05 ms of it" in text  # 1.95 .. 2.00
 
 
 def test_a_trace_of_one_step_is_refused_in_one_line(tmp_path):
