@@ -22,7 +22,9 @@ Hook-up in a training loop (what each optimizer expects):
 - Sharded data parallel (ZeRO-1): build the optimizer over ``shard_view``s, each rank's share of
   the parameters; a shard steps as that part of its whole parameter (same rounding noise, same
   quantization groups; FlashAdamW shards start at multiples of 32 elements), so the sharded run
-  equals the replicated one. infir/train/optimizer.py does this over megatron DDP's buffers.
+  equals the replicated one. infir/train/optimizer.py does this over megatron DDP's buffers, one
+  optimizer per gradient bucket, stepped together (``step_together``: torch's AdamW instances in one
+  functional call, the others one by one).
 - Not composable: megatron's DistributedOptimizer (it owns an fp32 master copy and shards
   fp32 Adam states: the memory these optimizers remove) and stepping inside backward under DDP
   (release.py says why).
@@ -40,6 +42,7 @@ from infir.optim.base import PerParamOptimizer, Shard, shard_of, shard_view
 from infir.optim.flash_adamw import FlashAdamW
 from infir.optim.release import StepInBackward, enable_step_in_backward
 from infir.optim.sr_adamw import BF16AdamW, SRAdamW
+from infir.optim.together import step_together
 
 
 def OffloadedAdamW(params, **kw) -> SRAdamW:
@@ -102,5 +105,5 @@ def build_optimizer(name: str, params: Iterable, **kw) -> torch.optim.Optimizer:
 
 __all__ = ["FlashAdamW", "SRAdamW", "BF16AdamW", "OffloadedAdamW", "PerParamOptimizer",
            "Shard", "shard_of", "shard_view",
-           "StepInBackward", "enable_step_in_backward", "build_optimizer",
+           "StepInBackward", "enable_step_in_backward", "build_optimizer", "step_together",
            "optimizer_spec", "OptimizerSpec", "OPTIMIZERS"]

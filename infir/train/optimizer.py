@@ -193,10 +193,15 @@ class DataParallelOptimizer:
         order the next forward reads them. The first bucket's gather starts at once, beside the other
         buckets' steps; each later one when the forward reaches the bucket before it (`wait_for`)."""
         self._queue = []
-        for part in reversed(self.parts):
-            if part.optimizer is not None:
-                self._step_part(part, lr, grads_in_dot_grad, grad_scale)
-            if part.bucket is not None:
+        order = list(reversed(self.parts))
+        # The bucket the forward reads first steps alone, its gather beside the rest's step, which is one call
+        # (infir.optim.step_together): a step per bucket, a few small kernels each behind host time, left the
+        # GPU waiting on the host.
+        for batch in (order[:1], order[1:]):
+            self._step_parts(batch, lr, grads_in_dot_grad, grad_scale)
+            for part in batch:
+                if part.bucket is None:
+                    continue
                 self._queue.append(part.bucket)
                 for p in part.bucket.params:
                     p.gather_pending = True
@@ -321,17 +326,22 @@ class DataParallelOptimizer:
         return bucket.param_data.numel() // self.group.size() * bucket.param_data.element_size()
 
     @staticmethod
-    def _step_part(part: _Part, lr: float, grads_in_dot_grad: bool, grad_scale) -> None:
-        if grads_in_dot_grad:
+    def _step_parts(parts: list[_Part], lr: float, grads_in_dot_grad: bool, grad_scale) -> None:
+        from infir.optim import step_together
+
+        parts = [part for part in parts if part.optimizer is not None]
+        for part in parts:
+            if grads_in_dot_grad:
+                for v in part.views:
+                    v.grad = v.main_grad
+            for g in part.optimizer.param_groups:
+                g["lr"] = lr
+            part.optimizer.grad_scale = grad_scale
+        step_together([part.optimizer for part in parts])
+        for part in parts:
+            part.optimizer.grad_scale = None
             for v in part.views:
-                v.grad = v.main_grad
-        for g in part.optimizer.param_groups:
-            g["lr"] = lr
-        part.optimizer.grad_scale = grad_scale
-        part.optimizer.step()
-        part.optimizer.grad_scale = None
-        for v in part.views:
-            v.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
+                v.grad = None  # DDP's hooks accumulate into main_grad; a stale .grad would be added twice
 
     def _gather(self, bucket):
         from infir.train.param_gather import gather_full
