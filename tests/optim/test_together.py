@@ -9,12 +9,12 @@ import torch
 from infir.optim.together import step_together
 
 
-def _optimizers(kind: str, n: int = 5) -> list[torch.optim.Optimizer]:
+def _optimizers(kind: str, n: int = 5, device: str = "cpu") -> list[torch.optim.Optimizer]:
     torch.manual_seed(0)
     out = []
     for i in range(n):
-        decay = [torch.nn.Parameter(torch.randn(64 + 16 * i, 32)) for _ in range(2)]
-        plain = [torch.nn.Parameter(torch.randn(32))]
+        decay = [torch.nn.Parameter(torch.randn(64 + 16 * i, 32, device=device)) for _ in range(2)]
+        plain = [torch.nn.Parameter(torch.randn(32, device=device))]
         groups = [{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}]
         kw = {"fused": True} if kind == "fused" else {"foreach": kind == "foreach"}
         out.append(torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, **kw))
@@ -26,14 +26,14 @@ def _grads(optimizers, step: int) -> None:
     for o in optimizers:
         for group in o.param_groups:
             for p in group["params"]:
-                p.grad = torch.randn(p.shape, generator=g)
+                p.grad = torch.randn(p.shape, generator=g).to(p.device)
 
 
 @pytest.mark.parametrize("kind", ["foreach", "for-loop", "fused"])
-def test_adamw_optimizers_stepped_together_match_their_own_steps(kind):
-    apart = _optimizers(kind)
+def test_adamw_optimizers_stepped_together_match_their_own_steps(kind, device="cpu"):
+    apart = _optimizers(kind, device=device)
     together = copy.deepcopy(apart)
-    scale = torch.tensor(2.0)
+    scale = torch.tensor(2.0, device=device)
     for step in range(3):
         for opts in (apart, together):
             _grads(opts, step)
@@ -50,6 +50,14 @@ def test_adamw_optimizers_stepped_together_match_their_own_steps(kind):
                 assert torch.equal(p, q)
                 assert all(torch.equal(a.state[p][k], b.state[q][k]) for k in a.state[p])
         assert a.state_dict()["state"].keys() == b.state_dict()["state"].keys()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; run `pytest -m gpu` on a GPU host")
+@pytest.mark.parametrize("kind", ["foreach", "fused"])
+def test_gpu_adamw_optimizers_stepped_together_match_their_own_steps(kind):
+    """The trainer's case: fused AdamW on CUDA, the clipping divisor inside its kernel."""
+    test_adamw_optimizers_stepped_together_match_their_own_steps(kind, device="cuda")
 
 
 def test_other_optimizers_step_on_their_own_and_mixed_scales_are_refused():
