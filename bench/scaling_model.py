@@ -245,7 +245,8 @@ def backward_share(recompute: str) -> float:
     return 3 / 4 if recompute == "full" else 2 / 3
 
 
-def dp_seconds(case: Case, net: Network, dp: DataParallel, windows: tuple[float, float], lead: float) -> tuple[float, float, float]:
+def dp_seconds(case: Case, net: Network, dp: DataParallel, windows: tuple[float, float],
+               lead: float) -> tuple[float, float, float]:
     """(all, exposed, hidden at intra-node bus bandwidth) of the step's data-parallel communication: the
     gradients' and the parameters' phases beside the compute `windows` they may overlap (s). Overlapped, each
     phase still shows its edge bucket (`edge_seconds`): its gradients once the backward has ended, and its
@@ -280,7 +281,8 @@ def predict(case: Case, rates: ComputeRates, net: Network, dp: DataParallel, ove
     bwd = backward_share(lay.recompute)  # gradients beside the last backward; parameters beside the step and next forward
     # the embedding's gather starts once its own step is done, beside the other buckets' (not under the FP8
     # parameter gather, whose gathers wait for every bucket's block amaxes)
-    lead = 0.0 if dp.fp8_params != "off" else optimizer * (1 - edge_params(case, dp) / rank_params(case.size, lay.tp))
+    edge_share = edge_params(case, dp) / rank_params(case.size, lay.tp)
+    lead = 0.0 if dp.fp8_params != "off" else optimizer * (1 - edge_share)
     total, exposed, hidden = dp_seconds(case, net, dp, (bwd * mb, optimizer + (1 - bwd) * mb), lead)
     cost = exposed + overlap.dp_contention * hidden
     step = compute + tp_cp + cost

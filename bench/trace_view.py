@@ -73,7 +73,8 @@ def view(path: Path, step: int | None, min_us: float) -> str:
     # from the last GEMM to the next step the GPU waits on the host wherever no kernel runs: launch-bound
     # optimizer steps, host syncs, the next batch
     idle = uncovered_us(end, hi, _union([(k[2], k[3]) for k in inside if k[3] > end]))
-    lines.append(f"  after the last GEMM: {(hi - end) / 1e3:.1f} ms to the next step, the GPU idle {idle / 1e3:.2f} ms of it")
+    lines.append(f"  after the last GEMM: {(hi - end) / 1e3:.1f} ms to the next step, "
+                 f"the GPU idle {idle / 1e3:.2f} ms of it")
     return "\n".join(lines)
 
 
