@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from infir.optim.together import step_together
+from infir.optim.together import _batchable, step_together
 
 
 def _optimizers(kind: str, n: int = 5, device: str = "cpu") -> list[torch.optim.Optimizer]:
@@ -33,6 +33,7 @@ def _grads(optimizers, step: int) -> None:
 def test_adamw_optimizers_stepped_together_match_their_own_steps(kind, device="cpu"):
     apart = _optimizers(kind, device=device)
     together = copy.deepcopy(apart)
+    assert all(_batchable(o) for o in together)  # the batched call, not the one-by-one fallback, is what runs
     scale = torch.tensor(2.0, device=device)
     for step in range(3):
         for opts in (apart, together):
