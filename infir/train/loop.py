@@ -351,8 +351,9 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         if self.cfg.optimizer.grad_release:
             return self._released_step(step)
-        loss = self._forward_backward(self._micro_batches(step))
-        grad_norm = self._grad_norm()
+        # the loss and the gradient norm reach the host in one copy: a wait for each left the GPU idle while the
+        # host queued the norm's kernels after the first
+        loss, grad_norm = torch.stack([self._forward_backward(self._micro_batches(step)), self._grad_norm()]).tolist()
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         spike = finite and self.spike.is_spike(grad_norm)
         if finite and not spike:
@@ -375,8 +376,9 @@ class Trainer:
             self._optimizer_step(step, None)  # parameters no hook stepped; the FP8 weight caches marked stale
         return {"loss": value, "grad_norm": float("nan"), "finite": finite, "spike": False, "lr": self.lr(step)}
 
-    def _forward_backward(self, micro_batches: list[dict]) -> float:
-        """Gradients of the global batch's token-mean loss in DDP's `main_grad`, reduced over DP; the loss."""
+    def _forward_backward(self, micro_batches: list[dict]) -> torch.Tensor:
+        """Gradients of the global batch's token-mean loss in DDP's `main_grad`, reduced over DP; the loss (FP64,
+        on the device)."""
         # Normalise by the global batch's loss tokens, so accumulation and DP give the exact token mean. Counted
         # on the host and summed through gloo: a GPU collective here would queue behind the previous step's
         # parameter all-gathers on the data-parallel communicator, and the forward would wait for all of them
@@ -401,7 +403,7 @@ class Trainer:
 
         finalize_model_grads([self.model])  # DP x CP all-reduce, plus TP all-reduce of sequence-parallel norm grads
         dist.all_reduce(loss_sum, group=self._dp_group())
-        return (loss_sum / n_tokens).item()
+        return (loss_sum / n_tokens).double()  # the FP32 mean, exact in FP64
 
     def _before_writes(self) -> None:
         """The parameters and optimizer states are written from here on: after the last save's copies of them."""
@@ -448,13 +450,15 @@ class Trainer:
             return ps.get_data_parallel_group_gloo(with_context_parallel=True)
         return ps.get_data_parallel_group(with_context_parallel=True)
 
-    def _grad_norm(self) -> float:
-        """Global L2 norm of the gradients, counting each tensor-parallel-replicated parameter once."""
+    def _grad_norm(self) -> torch.Tensor:
+        """Global L2 norm of the gradients, counting each tensor-parallel-replicated parameter once (FP64, on the
+        device)."""
         from megatron.core import parallel_state as ps
 
         sq = self.optimizer.grad_norm_sq()
         dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
-        return sq.sqrt().float().item()  # FP32: shard-order differences of the FP64 sum stay below its precision
+        # rounded to FP32: shard-order differences of the FP64 sum stay below its precision
+        return sq.sqrt().float().double()
 
     @torch.no_grad()
     def validate(self) -> float | None:

@@ -39,8 +39,8 @@ def bad_norm_at(trainer: Trainer, steps: set[int], value: float) -> None:
     real = trainer._grad_norm
 
     def grad_norm():
-        norm = real()
-        return value if trainer.step + 1 in steps else norm
+        norm = real()  # on the device: the step brings it to the host with the loss
+        return torch.full_like(norm, value) if trainer.step + 1 in steps else norm
 
     trainer._grad_norm = grad_norm
 
