@@ -199,3 +199,16 @@ def test_the_parameter_gathers_run_one_bucket_ahead_of_the_forward(demo_root, tm
         trainer.close()
     finally:
         distributed.shutdown()
+
+
+@pytest.mark.parametrize(("device", "averaged"), [("cuda", True), ("cpu", False)])
+def test_nccl_averages_the_gradients_inside_the_reduce(device, averaged):
+    """On GPUs megatron averages in the collective (NCCL's AVG) instead of scaling every gradient bucket by
+    1/DP in a pass of its own first; on CPUs (gloo) the pass stays."""
+    from types import SimpleNamespace
+
+    from infir.train.cli import compose
+    from infir.train.loop import ddp_config
+
+    info = SimpleNamespace(dp=2, cp=1, device=torch.device(device))
+    assert ddp_config(compose(["logger=none"]).optimizer, info).average_in_collective is averaged
