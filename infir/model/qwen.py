@@ -211,6 +211,9 @@ def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_l
     # rotary table for context parallelism must not apply on top.
     model.rotary_pos_emb.cp_group = None
     if model.embedding is not None:
+        from infir.model.embedding import use_main_grad_lookup
+
+        use_main_grad_lookup(model)
         model.embedding.register_forward_hook(_embedding_to_autocast_dtype)
     from infir.model.fp8_linears import attach_weight_refresh, fp8_linears_of, quantize_weights_per_layer
 

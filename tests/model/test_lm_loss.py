@@ -1,5 +1,6 @@
 """The chunked, fused LM head + cross entropy (infir.model.lm_loss, infir.model.gpt) against plain
-PyTorch, against megatron's vocab-parallel cross entropy, and through the whole GPTModel.
+PyTorch, against megatron's vocab-parallel cross entropy, and through the whole GPTModel; the token
+embedding's gradient added into DDP's main_grad (infir.model.embedding) against torch's embedding backward.
 
 The TP=2 checks run this same file as a worker under `torchrun --nproc_per_node 2` (gloo, CPU):
 `python -m torch.distributed.run --nproc_per_node 2 tests/model/test_lm_loss.py`.
@@ -193,14 +194,14 @@ def test_tp1_matches_megatron_vocab_parallel_cross_entropy(dtype):
 
 
 # --------------------------------------------------------------------------- the whole model
-def build_infir_gpt(tp: int, sequence_parallel: bool, seq: int):
+def build_infir_gpt(tp: int, sequence_parallel: bool, seq: int, tied: bool = True):
     """infir's build_gpt with InfirGPTModel in place of GPTModel (the one-line change asked of qwen.py)."""
     import megatron.core.models.gpt as mgpt
 
     from infir.model.gpt import InfirGPTModel
     from infir.model.qwen import build_gpt, get_size, transformer_config
 
-    size = get_size("tiny")
+    size = get_size("tiny", tied=tied)
     original, mgpt.GPTModel = mgpt.GPTModel, InfirGPTModel
     try:
         model = build_gpt(size, transformer_config(size, tp=tp, sequence_parallel=sequence_parallel), seq_length=seq)
@@ -260,6 +261,49 @@ def test_model_chunked_loss_reaches_ddp_main_grad():
         check_model_paths_agree(tp=1, sequence_parallel=False, ddp=True)
 
 
+# --------------------------------------------------------------------------- the embedding's rows into main_grad
+def check_embedding_rows_into_main_grad(tp: int, sequence_parallel: bool, tied: bool):
+    """Every parameter's main_grad after two accumulated micro-batches of few distinct tokens (each table row
+    summed from many positions, on both halves of a TP=2 vocabulary), with DDP's overlapped reduce: the lookup
+    that adds its rows into main_grad against torch's embedding backward."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
+
+    from infir.model.embedding import MainGradEmbedding
+
+    b, s = 2, 32
+    g = torch.Generator().manual_seed(7)
+    pool = torch.tensor([0, 1, 2, 17, 4095, 4096, 4097, 6000, 8191])
+    tokens = pool[torch.randint(0, len(pool), (2, b, s + 1), generator=g)]
+    positions = torch.arange(s).expand(b, s)
+
+    def main_grads(lookup: type) -> dict[str, torch.Tensor]:
+        torch.manual_seed(0)
+        model, _ = build_infir_gpt(tp, sequence_parallel, s, tied=tied)
+        emb = model.embedding.word_embeddings
+        assert type(emb) is MainGradEmbedding and emb.tied == tied
+        emb.__class__ = lookup
+        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True), model)
+        ddp.zero_grad_buffer()
+        for i in range(2):
+            with ddp.no_sync() if i == 0 else contextlib.nullcontext():
+                ddp(tokens[i, :, :-1], positions, None, labels=tokens[i, :, 1:]).float().sum().backward()
+        ddp.finish_grad_sync()
+        assert emb.weight.grad is None  # an untied weight's placeholder is dropped by DDP's hook
+        return {n: p.main_grad.clone() for n, p in model.named_parameters()}
+
+    ours, ref = main_grads(MainGradEmbedding), main_grads(VocabParallelEmbedding)
+    assert ref["embedding.word_embeddings.weight"].abs().sum() > 0
+    for name in ref:
+        assert rel_err(ours[name], ref[name]) < FP32_GRAD_RTOL, (name, rel_err(ours[name], ref[name]))
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_embedding_rows_into_main_grad_match_torchs_backward(tied):
+    with megatron_parallel(1):
+        check_embedding_rows_into_main_grad(tp=1, sequence_parallel=False, tied=tied)
+
+
 # --------------------------------------------------------------------------- TP=2 under torchrun
 def test_tp2_with_and_without_sequence_parallel_under_torchrun():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -279,6 +323,8 @@ def tp2_worker() -> None:
         with megatron_parallel(dist.get_world_size()) as group:
             check_against_megatron_ce(group, sequence_parallel=sp)
             check_model_paths_agree(tp=dist.get_world_size(), sequence_parallel=sp, ddp=False)
+            for tied in (True, False):
+                check_embedding_rows_into_main_grad(tp=dist.get_world_size(), sequence_parallel=sp, tied=tied)
     print(f"TP2 OK rank {dist.get_rank()}", flush=True)
     dist.destroy_process_group()
 
