@@ -2,8 +2,8 @@
 
 torch's embedding backward builds the table's whole gradient for the few thousand rows a micro-batch reads:
 it zero-fills a [V/tp, h] tensor and scatters the rows in; tied to the LM head, autograd then sums it with the
-head's gradient, and megatron DDP's hook adds the result into `main_grad`: three to four passes over a table of
-0.2-0.5 B parameters a micro-batch, on the critical path between the backward's last GEMM and the embedding
+head's gradient, and megatron DDP's hook adds the result into `main_grad`: three to four passes over the whole
+vocabulary x hidden table a micro-batch, on the critical path between the backward's last GEMM and the embedding
 bucket's reduce-scatter (the bucket no overlap hides). Here the lookup's backward adds its rows into the FP32
 `main_grad` itself (`index_put_` with accumulate: sorted by row on CUDA, so the sum is deterministic), and
 autograd gets nothing from it: the tied weight's hook adds only the LM head's gradient; an untied weight gets

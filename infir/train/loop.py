@@ -170,8 +170,8 @@ def ddp_config(oc, info):
         pad_buckets_for_high_nccl_busbw=sharded,
         # NCCL averages inside the reduce (ReduceOp.AVG): megatron otherwise scales every gradient bucket by
         # 1/DP in a pass of its own before the collective, a read and write of all gradients a step, and the
-        # last bucket's pass sits between the backward's end and its exposed reduce-scatter. gloo keeps the pass: it
-        # averages only in recent torch releases.
+        # last bucket's pass sits between the backward's end and its exposed reduce-scatter. gloo keeps the
+        # pass: it averages only in recent torch releases.
         average_in_collective=info.device.type == "cuda",
     )
 
