@@ -23,6 +23,8 @@ from megatron.core.tensor_parallel.mappings import (
     reduce_scatter_to_sequence_parallel_region,
 )
 
+from infir.model.main_grad import adds_into_main_grad
+
 
 class _LookupIntoMainGrad(torch.autograd.Function):
     @staticmethod
@@ -43,11 +45,6 @@ class _LookupIntoMainGrad(torch.autograd.Function):
         return None, torch.empty_like(weight), None  # DDP's hook needs a .grad (overlap_grad_reduce asserts it)
 
 
-def adds_into_main_grad(weight: torch.Tensor) -> bool:
-    main = getattr(weight, "main_grad", None)
-    return main is not None and main.dtype == torch.float32 and weight.requires_grad and torch.is_grad_enabled()
-
-
 class MainGradEmbedding(VocabParallelEmbedding):
     """megatron's VocabParallelEmbedding (same parameters, masking and reduction) whose lookup adds its weight
     gradient into main_grad (module docstring). Made by swapping the class of the embedding megatron built;
@@ -55,8 +52,12 @@ class MainGradEmbedding(VocabParallelEmbedding):
 
     tied: bool = False
 
+    def adds_rows_into_main_grad(self) -> bool:
+        """Whether this forward's lookup adds its rows into main_grad (else it is torch's)."""
+        return not self.deterministic_mode and adds_into_main_grad(self.weight)
+
     def forward(self, input_: torch.Tensor) -> torch.Tensor:
-        if self.deterministic_mode or not adds_into_main_grad(self.weight):
+        if not self.adds_rows_into_main_grad():
             return super().forward(input_)
         # megatron's forward with the lookup replaced: each tensor-parallel rank holds a slice of the vocabulary,
         # looks up the ids inside it and contributes zeros for the others; the ranks' rows are summed
@@ -81,3 +82,8 @@ def use_main_grad_lookup(model) -> None:
         return
     emb.__class__ = MainGradEmbedding
     emb.tied = bool(model.share_embeddings_and_output_weights)
+    # megatron marks a tied weight `zero_out_wgrad`, so that its hook adds .grad even where a layer added into
+    # main_grad itself: its own layers then hand autograd zeros. Here the lookup hands it nothing and the chunked
+    # LM head an unwritten placeholder, which the hook must skip (gpt.py takes the head's main_grad path only where
+    # the lookup takes its own).
+    emb.weight.zero_out_wgrad = False

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from megatron.core.models.gpt import GPTModel
 
+from infir.model.embedding import MainGradEmbedding
 from infir.model.lm_loss import DEFAULT_CHUNK_TOKENS, chunked_lm_loss
 
 
@@ -59,6 +60,9 @@ class InfirGPTModel(GPTModel):
         weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else head.weight
         if head.bias is not None:
             raise ValueError("chunked_loss supports a bias-free LM head only (Qwen2.5 has none); set model.chunked_loss=false")
+        # a tied weight's gradient goes into main_grad only where the lookup's does too: DDP's hook adds what
+        # autograd sums only where neither layer did (embedding.py)
+        lookup = self.embedding.word_embeddings if self.share_embeddings_and_output_weights else None
         out = chunked_lm_loss(
             hidden_states,
             weight,
@@ -67,6 +71,7 @@ class InfirGPTModel(GPTModel):
             chunk_tokens=self.loss_chunk_tokens,
             tp_group=head.tp_group,
             sequence_parallel=head.sequence_parallel,
+            into_main_grad=lookup is None or (isinstance(lookup, MainGradEmbedding) and lookup.adds_rows_into_main_grad()),
         )
         self.last_per_token_loss = out.per_token
         return out.loss

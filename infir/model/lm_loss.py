@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from infir.fp8.lm_loss_reference import chunk_grad_torch, chunk_stats_torch
+from infir.model.main_grad import adds_into_main_grad
 
 DEFAULT_CHUNK_TOKENS = 8192
 
@@ -73,7 +74,8 @@ def _tp_reduce(m, s, tgt, tp_group):
 # --------------------------------------------------------------------------- the fused function
 class _ChunkedLMLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, loss_weight, chunk_tokens, compute_dtype, tp_group, use_triton, want_grad):
+    def forward(ctx, hidden, weight, labels, loss_weight, chunk_tokens, compute_dtype, tp_group, use_triton, want_grad,
+                into_main_grad):
         s_len, b, h = hidden.shape
         x = hidden.reshape(s_len * b, h).to(compute_dtype)
         wt = weight.to(compute_dtype)
@@ -110,6 +112,7 @@ class _ChunkedLMLoss(torch.autograd.Function):
             del logits
         ctx.save_for_backward(dx, dw)
         ctx.shapes = (hidden.shape, hidden.dtype, weight.dtype)
+        ctx.weight = weight if into_main_grad else None
         loss = (ce * w).sum()
         return loss, ce.view(s_len, b).t()
 
@@ -120,10 +123,21 @@ class _ChunkedLMLoss(torch.autograd.Function):
         # Scaled in place: a second [V/tp, h] FP32 buffer here would land on the step's memory peak.
         # (A second backward through the same forward then fails autograd's saved-tensor version check.)
         dh = dx.mul_(grad_loss.to(dx.dtype)).view(shape).to(h_dtype) if ctx.needs_input_grad[0] else None
+        if not ctx.needs_input_grad[1]:
+            return dh, None, *(None,) * 8
+        if ctx.weight is not None:
+            # Added into megatron's FP32 main_grad here, in one pass, while the rest of the backward runs. Returned,
+            # it took a scaling pass and then DDP's hook's add, which for a tied weight waits for the lookup's
+            # backward, the last of the step: a pass over the vocabulary x hidden table between the backward's
+            # last GEMM and the embedding bucket's reduce-scatter, the one no overlap hides. The hook skips the
+            # unwritten placeholder (`grad_added_to_main_grad`), as for infir's FP8 linears and the lookup.
+            weight = ctx.weight
+            weight.main_grad.addcmul_(dw, grad_loss.float())
+            weight.grad_added_to_main_grad = True  # megatron's zero_grad_buffer clears it each step
+            return dh, torch.empty_like(weight), *(None,) * 8
         # Returned in FP32 (autograd casts it to the parameter's dtype); megatron DDP's hook then adds
-        # param.grad into param.main_grad, where a tied embedding's lookup gradient has been summed in.
-        dwt = dw.mul_(grad_loss.float()).to(w_dtype) if ctx.needs_input_grad[1] else None
-        return dh, dwt, None, None, None, None, None, None, None
+        # param.grad into param.main_grad.
+        return dh, dw.mul_(grad_loss.float()).to(w_dtype), *(None,) * 8
 
 
 def chunked_lm_loss(
@@ -136,12 +150,15 @@ def chunked_lm_loss(
     tp_group=None,
     sequence_parallel: bool = False,
     use_triton: bool | None = None,
+    into_main_grad: bool = False,
 ) -> LMLoss:
     """sum_t w_t * CE(H_t W^T, y_t) without materialising more than `chunk_tokens` rows of logits.
 
     hidden [s, b, h] (the local sequence shard under sequence parallelism), weight [V/tp, h], labels and
     loss_weight [b, s]. Under autocast the GEMMs run in the autocast dtype (as F.linear would), the
-    softmax always in FP32. use_triton: None picks the Triton per-chunk kernels on CUDA.
+    softmax always in FP32. use_triton: None picks the Triton per-chunk kernels on CUDA. into_main_grad: where the
+    weight has megatron DDP's FP32 main_grad, backward adds the weight's gradient there and hands autograd an
+    unwritten placeholder, marking the weight `grad_added_to_main_grad` for DDP's hook to skip.
     """
     from infir.model.linears import column_input
 
@@ -161,5 +178,6 @@ def chunked_lm_loss(
         loss, per_token = _ChunkedLMLoss.apply(
             x, weight, labels, loss_weight, chunk_tokens, compute_dtype, tp_group if tp > 1 else None, use_triton,
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad),
+            into_main_grad and adds_into_main_grad(weight),
         )
     return LMLoss(loss, per_token.detach(), loss_weight.float().sum())

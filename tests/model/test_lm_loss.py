@@ -265,7 +265,8 @@ def test_model_chunked_loss_reaches_ddp_main_grad():
 def check_embedding_rows_into_main_grad(tp: int, sequence_parallel: bool, tied: bool):
     """Every parameter's main_grad after two accumulated micro-batches of few distinct tokens (each table row
     summed from many positions, on both halves of a TP=2 vocabulary), with DDP's overlapped reduce: the lookup
-    that adds its rows into main_grad against torch's embedding backward."""
+    that adds its rows into main_grad and the chunked LM head that adds its gradient there, against torch's
+    embedding backward and megatron's logits + cross-entropy path."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 
@@ -277,9 +278,10 @@ def check_embedding_rows_into_main_grad(tp: int, sequence_parallel: bool, tied: 
     tokens = pool[torch.randint(0, len(pool), (2, b, s + 1), generator=g)]
     positions = torch.arange(s).expand(b, s)
 
-    def main_grads(lookup: type) -> dict[str, torch.Tensor]:
+    def main_grads(lookup: type, chunked: bool) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
         model, _ = build_infir_gpt(tp, sequence_parallel, s, tied=tied)
+        model.chunked_loss = chunked
         emb = model.embedding.word_embeddings
         assert type(emb) is MainGradEmbedding and emb.tied == tied
         emb.__class__ = lookup
@@ -289,10 +291,12 @@ def check_embedding_rows_into_main_grad(tp: int, sequence_parallel: bool, tied: 
             with ddp.no_sync() if i == 0 else contextlib.nullcontext():
                 ddp(tokens[i, :, :-1], positions, None, labels=tokens[i, :, 1:]).float().sum().backward()
         ddp.finish_grad_sync()
-        assert emb.weight.grad is None  # an untied weight's placeholder is dropped by DDP's hook
+        # the placeholders the lookup and the chunked head hand autograd are dropped by DDP's hook
+        head = model.output_layer.weight  # None where tied to the embedding
+        assert emb.weight.grad is None and (head is None or head.grad is None)
         return {n: p.main_grad.clone() for n, p in model.named_parameters()}
 
-    ours, ref = main_grads(MainGradEmbedding), main_grads(VocabParallelEmbedding)
+    ours, ref = main_grads(MainGradEmbedding, chunked=True), main_grads(VocabParallelEmbedding, chunked=False)
     assert ref["embedding.word_embeddings.weight"].abs().sum() > 0
     for name in ref:
         assert rel_err(ours[name], ref[name]) < FP32_GRAD_RTOL, (name, rel_err(ours[name], ref[name]))
