@@ -118,6 +118,7 @@ class DataParallelOptimizer:
         self.views = [v for part in self.parts for v in part.views]
         self._queue: list = []  # buckets whose parameter gather the last step queued and has not started
         self._pending: dict = {}  # bucket -> its started parameter gather's works, until a forward reads it
+        self._plans: tuple | None = None  # the next step's optimizer lists (prepare)
         self._fp8: dict = {}  # bucket -> its BucketFp8Gather, where its FP8 weights cross as FP8 (narrow_gathers)
         self._bf16: dict = {}  # bucket -> its BucketBf16Gather, where its FP32 parameters cross as BF16 (narrow_gathers)
         self._params_behind = False  # whether a narrower gather left other ranks' elements of the parameters inexact
@@ -193,26 +194,27 @@ class DataParallelOptimizer:
         order the next forward reads them. The first bucket's gather starts at once, beside the other
         buckets' steps; each later one when the forward reaches the bucket before it (`wait_for`)."""
         self._queue = []
-        order = list(reversed(self.parts))
-        # The bucket the forward reads first steps alone, its gather beside the rest's step, which is one call
-        # (infir.optim.step_together): a step per bucket, a few small kernels each behind host time, left the
-        # GPU waiting on the host.
-        for batch in (order[:1], order[1:]):
-            self._step_parts(batch, lr, grads_in_dot_grad, grad_scale)
+        plans, self._plans = self._plans or (None, None), None
+        for batch, plan in zip(self._batches(), plans):
+            self._step_parts(batch, lr, grads_in_dot_grad, grad_scale, plan)
             for part in batch:
                 if part.bucket is None:
                     continue
                 self._queue.append(part.bucket)
                 for p in part.bucket.params:
                     p.gather_pending = True
-                if not self._fp8 and not self._pending:
+                # A bucket's FP8 gather needs every bucket's scales (exchange_scales, after all steps); one without
+                # FP8 weights (the embedding's, read first) gathers beside the rest's step and the exchange's host
+                # time, instead of after them with the GPU waiting for it
+                if not self._pending and self._queue[0] not in self._fp8:
                     self._start_next()
         if self._bf16:
             self._params_behind = True
         if self._fp8:
             self._fp8_gather.exchange_scales()
             self._params_behind = True
-            self._start_next()
+            if not self._pending:
+                self._start_next()
 
     def _start_next(self) -> None:
         """Start the gather of the next queued bucket. One gather runs ahead of the forward, never more: with
@@ -325,8 +327,39 @@ class DataParallelOptimizer:
     def _plain_bytes(self, bucket) -> int:
         return bucket.param_data.numel() // self.group.size() * bucket.param_data.element_size()
 
+    def _batches(self) -> tuple[list[_Part], list[_Part]]:
+        """The bucket the forward reads first, which steps alone so that its gather runs beside the rest's step,
+        and the rest, in one call (infir.optim.step_together): a step per bucket, a few small kernels each behind
+        host time, left the GPU waiting on the host."""
+        order = list(reversed(self.parts))
+        return order[:1], order[1:]
+
+    def prepare(self, grads_in_dot_grad: bool) -> None:
+        """Gather the next step's optimizer lists now (infir.optim.plan_together), while the host waits for the
+        GPU: after the backward is queued and before its gradient norm reaches the host. The step then only
+        launches kernels: gathered after the norm, the lists kept the GPU idle for a millisecond or more, with
+        the first bucket's parameter gather alone on it. `discard` where no step follows."""
+        from infir.optim import plan_together
+
+        plans = []
+        for batch in self._batches():
+            opts = [part.optimizer for part in batch if part.optimizer is not None]
+            if grads_in_dot_grad:
+                for part in batch:
+                    for v in part.views:
+                        v.grad = v.main_grad
+            plans.append(plan_together(opts))
+        self._plans = tuple(plans)
+
+    def discard(self) -> None:
+        """Drop what `prepare` gathered, for a skipped step."""
+        self._plans = None
+        for part in self.parts:
+            for v in part.views:
+                v.grad = None
+
     @staticmethod
-    def _step_parts(parts: list[_Part], lr: float, grads_in_dot_grad: bool, grad_scale) -> None:
+    def _step_parts(parts: list[_Part], lr: float, grads_in_dot_grad: bool, grad_scale, plan) -> None:
         from infir.optim import step_together
 
         parts = [part for part in parts if part.optimizer is not None]
@@ -337,7 +370,7 @@ class DataParallelOptimizer:
             for g in part.optimizer.param_groups:
                 g["lr"] = lr
             part.optimizer.grad_scale = grad_scale
-        step_together([part.optimizer for part in parts])
+        step_together([part.optimizer for part in parts], plan)
         for part in parts:
             part.optimizer.grad_scale = None
             for v in part.views:
