@@ -42,7 +42,7 @@ from infir.optim.base import PerParamOptimizer, Shard, shard_of, shard_view
 from infir.optim.flash_adamw import FlashAdamW
 from infir.optim.release import StepInBackward, enable_step_in_backward
 from infir.optim.sr_adamw import BF16AdamW, SRAdamW
-from infir.optim.together import plan_together, step_together
+from infir.optim.together import step_together
 
 
 def OffloadedAdamW(params, **kw) -> SRAdamW:
@@ -105,5 +105,5 @@ def build_optimizer(name: str, params: Iterable, **kw) -> torch.optim.Optimizer:
 
 __all__ = ["FlashAdamW", "SRAdamW", "BF16AdamW", "OffloadedAdamW", "PerParamOptimizer",
            "Shard", "shard_of", "shard_view",
-           "StepInBackward", "enable_step_in_backward", "build_optimizer", "plan_together", "step_together",
+           "StepInBackward", "enable_step_in_backward", "build_optimizer", "step_together",
            "optimizer_spec", "OptimizerSpec", "OPTIMIZERS"]

@@ -25,33 +25,9 @@ def _batchable(o: torch.optim.Optimizer) -> bool:
     return type(o) in (torch.optim.Adam, torch.optim.AdamW) and "decoupled_weight_decay" in o.defaults
 
 
-def _key(group: dict) -> tuple:
-    return tuple(group[k] if k != "lr" or not torch.is_tensor(group[k]) else id(group[k]) for k in _SETTINGS)
-
-
-def plan_together(optimizers: list[torch.optim.Optimizer]) -> list:
-    """The lists `step_together` hands torch's functional Adam, gathered ahead of the step: each batchable
-    optimizer's parameters, gradients and states, by group setting (`Adam._init_group`, which also makes a
-    parameter's states on its first step; no kernel runs on existing ones). Gathered while the host waits for the
-    GPU anyway (before the step's gradient norm reaches it), the step then only launches kernels. Valid while
-    the gradients and states are the same tensors and each group's settings are those of the groups it was
-    gathered with (the learning rate may change, alike for all of them)."""
-    plan: dict[tuple, list] = {}
-    with torch.no_grad():
-        for o in optimizers:
-            if not _batchable(o):
-                continue
-            for group in o.param_groups:
-                entry = plan.setdefault(_key(group), [[], [[] for _ in range(6)], False])
-                entry[0].append(group)
-                entry[2] |= o._init_group(group, *entry[1])
-    return list(plan.values())
-
-
-def step_together(optimizers: list[torch.optim.Optimizer], plan: list | None = None) -> None:
+def step_together(optimizers: list[torch.optim.Optimizer]) -> None:
     """`opt.step()` for each of `optimizers`, the torch Adam ones batched (their `grad_scale` and `found_inf`
-    attributes, the fused kernel's, must then be the same objects); `plan`: their lists from `plan_together`,
-    gathered earlier."""
+    attributes, the fused kernel's, must then be the same objects)."""
     batched = [o for o in optimizers if _batchable(o)]
     for o in optimizers:
         if not _batchable(o):
@@ -61,15 +37,16 @@ def step_together(optimizers: list[torch.optim.Optimizer], plan: list | None = N
     scale, found = (getattr(batched[0], a, None) for a in ("grad_scale", "found_inf"))
     if any(getattr(o, "grad_scale", None) is not scale or getattr(o, "found_inf", None) is not found for o in batched):
         raise ValueError("step_together: the Adam optimizers carry different grad_scale or found_inf tensors")
-    if plan is None:
-        plan = plan_together(batched)
-    elif any(_key(g) != _key(groups[0]) for groups, _, _ in plan for g in groups):
-        raise ValueError("step_together: a plan's groups no longer share their settings; plan again after changing them")
+    lists: dict[tuple, list] = {}
     with torch.no_grad():
-        for groups, (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps), has_complex in plan:
+        for o in batched:
+            for group in o.param_groups:
+                key = tuple(group[k] if k != "lr" or not torch.is_tensor(group[k]) else id(group[k]) for k in _SETTINGS)
+                entry = lists.setdefault(key, [group, [[] for _ in range(6)], False])
+                entry[2] |= o._init_group(group, *entry[1])
+        for group, (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps), has_complex in lists.values():
             if not params:
                 continue
-            group = groups[0]
             beta1, beta2 = group["betas"]
             adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, amsgrad=group["amsgrad"],
                  has_complex=has_complex, beta1=beta1, beta2=beta2, lr=group["lr"],

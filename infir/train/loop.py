@@ -358,15 +358,11 @@ class Trainer:
             return self._released_step(step)
         # the loss and the gradient norm reach the host in one copy: a wait for each left the GPU idle while the
         # host queued the norm's kernels after the first
-        host = torch.stack([self._forward_backward(self._micro_batches(step)), self._grad_norm()])
-        self.optimizer.prepare(grads_in_dot_grad=not self.optimizer_spec.reads_main_grad)  # while the GPU runs
-        loss, grad_norm = host.tolist()
+        loss, grad_norm = torch.stack([self._forward_backward(self._micro_batches(step)), self._grad_norm()]).tolist()
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         spike = finite and self.spike.is_spike(grad_norm)
         if finite and not spike:
             self._optimizer_step(step, grad_norm)
-        else:
-            self.optimizer.discard()
         return {"loss": loss, "grad_norm": grad_norm, "finite": finite, "spike": spike, "lr": self.lr(step)}
 
     def _released_step(self, step: int) -> dict:

@@ -118,7 +118,6 @@ class DataParallelOptimizer:
         self.views = [v for part in self.parts for v in part.views]
         self._queue: list = []  # buckets whose parameter gather the last step queued and has not started
         self._pending: dict = {}  # bucket -> its started parameter gather's works, until a forward reads it
-        self._plans: tuple | None = None  # the next step's optimizer lists (prepare)
         self._fp8: dict = {}  # bucket -> its BucketFp8Gather, where its FP8 weights cross as FP8 (narrow_gathers)
         self._bf16: dict = {}  # bucket -> its BucketBf16Gather, where its FP32 parameters cross as BF16 (narrow_gathers)
         self._params_behind = False  # whether a narrower gather left other ranks' elements of the parameters inexact
@@ -194,9 +193,12 @@ class DataParallelOptimizer:
         order the next forward reads them. The first bucket's gather starts at once, beside the other
         buckets' steps; each later one when the forward reaches the bucket before it (`wait_for`)."""
         self._queue = []
-        plans, self._plans = self._plans or (None, None), None
-        for batch, plan in zip(self._batches(), plans):
-            self._step_parts(batch, lr, grads_in_dot_grad, grad_scale, plan)
+        order = list(reversed(self.parts))
+        # The bucket the forward reads first steps alone, its gather beside the rest's step, which is one call
+        # (infir.optim.step_together): a step per bucket, a few small kernels each behind host time, left the
+        # GPU waiting on the host.
+        for batch in (order[:1], order[1:]):
+            self._step_parts(batch, lr, grads_in_dot_grad, grad_scale)
             for part in batch:
                 if part.bucket is None:
                     continue
@@ -327,39 +329,8 @@ class DataParallelOptimizer:
     def _plain_bytes(self, bucket) -> int:
         return bucket.param_data.numel() // self.group.size() * bucket.param_data.element_size()
 
-    def _batches(self) -> tuple[list[_Part], list[_Part]]:
-        """The bucket the forward reads first, which steps alone so that its gather runs beside the rest's step,
-        and the rest, in one call (infir.optim.step_together): a step per bucket, a few small kernels each behind
-        host time, left the GPU waiting on the host."""
-        order = list(reversed(self.parts))
-        return order[:1], order[1:]
-
-    def prepare(self, grads_in_dot_grad: bool) -> None:
-        """Gather the next step's optimizer lists now (infir.optim.plan_together), while the host waits for the
-        GPU: after the backward is queued and before its gradient norm reaches the host. The step then only
-        launches kernels: gathered after the norm, the lists kept the GPU idle for a millisecond or more, with
-        the first bucket's parameter gather alone on it. `discard` where no step follows."""
-        from infir.optim import plan_together
-
-        plans = []
-        for batch in self._batches():
-            opts = [part.optimizer for part in batch if part.optimizer is not None]
-            if grads_in_dot_grad:
-                for part in batch:
-                    for v in part.views:
-                        v.grad = v.main_grad
-            plans.append(plan_together(opts))
-        self._plans = tuple(plans)
-
-    def discard(self) -> None:
-        """Drop what `prepare` gathered, for a skipped step."""
-        self._plans = None
-        for part in self.parts:
-            for v in part.views:
-                v.grad = None
-
     @staticmethod
-    def _step_parts(parts: list[_Part], lr: float, grads_in_dot_grad: bool, grad_scale, plan) -> None:
+    def _step_parts(parts: list[_Part], lr: float, grads_in_dot_grad: bool, grad_scale) -> None:
         from infir.optim import step_together
 
         parts = [part for part in parts if part.optimizer is not None]
@@ -370,7 +341,7 @@ class DataParallelOptimizer:
             for g in part.optimizer.param_groups:
                 g["lr"] = lr
             part.optimizer.grad_scale = grad_scale
-        step_together([part.optimizer for part in parts], plan)
+        step_together([part.optimizer for part in parts])
         for part in parts:
             part.optimizer.grad_scale = None
             for v in part.views:

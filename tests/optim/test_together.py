@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from infir.optim.together import _batchable, plan_together, step_together
+from infir.optim.together import _batchable, step_together
 
 
 def _optimizers(kind: str, n: int = 5, device: str = "cpu") -> list[torch.optim.Optimizer]:
@@ -22,30 +22,20 @@ def _optimizers(kind: str, n: int = 5, device: str = "cpu") -> list[torch.optim.
 
 
 def _grads(optimizers, step: int) -> None:
-    """Each step's gradients, written into the tensors already there (as DDP's buffers are), else new."""
     g = torch.Generator().manual_seed(step)
     for o in optimizers:
         for group in o.param_groups:
             for p in group["params"]:
-                grad = torch.randn(p.shape, generator=g).to(p.device)
-                if p.grad is None:
-                    p.grad = grad
-                else:
-                    p.grad.copy_(grad)
+                p.grad = torch.randn(p.shape, generator=g).to(p.device)
 
 
-@pytest.mark.parametrize("planned", [False, True], ids=["", "planned"])
 @pytest.mark.parametrize("kind", ["foreach", "for-loop", "fused"])
-def test_adamw_optimizers_stepped_together_match_their_own_steps(kind, planned, device="cpu"):
-    """planned: the lists gathered before the step's gradients are written and its learning rate set, as the
-    trainer gathers them while the backward still runs."""
+def test_adamw_optimizers_stepped_together_match_their_own_steps(kind, device="cpu"):
     apart = _optimizers(kind, device=device)
     together = copy.deepcopy(apart)
     assert all(_batchable(o) for o in together)  # the batched call, not the one-by-one fallback, is what runs
     scale = torch.tensor(2.0, device=device)
-    _grads(together, -1)
     for step in range(3):
-        plan = plan_together(together) if planned else None
         for opts in (apart, together):
             _grads(opts, step)
             for o in opts:
@@ -54,7 +44,7 @@ def test_adamw_optimizers_stepped_together_match_their_own_steps(kind, planned, 
                     group["lr"] = 1e-3 * (step + 1)  # the trainer sets each step's learning rate on every group
         for o in apart:
             o.step()
-        step_together(together, plan)
+        step_together(together)
     for a, b in zip(apart, together):
         for ga, gb in zip(a.param_groups, b.param_groups):
             for p, q in zip(ga["params"], gb["params"]):
@@ -65,11 +55,10 @@ def test_adamw_optimizers_stepped_together_match_their_own_steps(kind, planned, 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; run `pytest -m gpu` on a GPU host")
-@pytest.mark.parametrize("planned", [False, True], ids=["", "planned"])
 @pytest.mark.parametrize("kind", ["foreach", "fused"])
-def test_gpu_adamw_optimizers_stepped_together_match_their_own_steps(kind, planned):
+def test_gpu_adamw_optimizers_stepped_together_match_their_own_steps(kind):
     """The trainer's case: fused AdamW on CUDA, the clipping divisor inside its kernel."""
-    test_adamw_optimizers_stepped_together_match_their_own_steps(kind, planned, device="cuda")
+    test_adamw_optimizers_stepped_together_match_their_own_steps(kind, device="cuda")
 
 
 def test_other_optimizers_step_on_their_own_and_mixed_scales_are_refused():
@@ -83,8 +72,3 @@ def test_other_optimizers_step_on_their_own_and_mixed_scales_are_refused():
     adams[0].grad_scale = torch.tensor(1.0)
     with pytest.raises(ValueError, match="grad_scale"):
         step_together(adams)
-    adams[0].grad_scale = None
-    plan = plan_together(adams)
-    adams[1].param_groups[0]["weight_decay"] = 0.5  # now unlike the groups it was gathered with
-    with pytest.raises(ValueError, match="plan again"):
-        step_together(adams, plan)
