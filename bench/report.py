@@ -342,10 +342,20 @@ def short_block(run: Run, page_dir: Path) -> list[str]:
 
 
 def scaling_section(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]]:
-    """The newest bandwidth run of each GPU count, projection and validation (bench/scaling.py)."""
+    """The newest bandwidth run of each GPU count, projection and validation (bench/scaling.py). A bandwidth run
+    whose group sizes a newer one on the same device also measured is left to its result file (a 4-GPU run
+    measures groups of 2 as well)."""
     newest = {r.kind: r for r in runs if r.kind in SCALING_TABLES or r.kind.startswith("scaling_bw")}  # oldest first
     if not newest:
         return [], []
+
+    def covered(run: Run) -> bool:
+        ranks = {r["ranks"] for r in run.rows("busbw_GB/s")}
+        return any(other is not run and other.kind.startswith("scaling_bw") and other.env.get("device") == run.env.get("device")
+                   and other.env.get("date", "") > run.env.get("date", "") and ranks <= {r["ranks"] for r in other.rows("busbw_GB/s")}
+                   for other in newest.values())
+
+    newest = {k: r for k, r in newest.items() if not (k.startswith("scaling_bw") and covered(r))}
     out = ["## Scaling model (bench/scaling.py)", "",
            "Collective bandwidth measured here; the step time projected to 8-512 GPUs from measured steps, "
            "the measured bandwidth and the communication volume of each layout; and the model's prediction of "

@@ -218,3 +218,18 @@ def test_a_caveat_naming_a_case_holds_for_that_case_only():
     assert not report.measured_before_a_fix(scoped, {"precision": "bf16"}) and not report.measured_before_a_fix(scoped)
     assert report.measured_before_a_fix(whole) and report.measured_before_a_fix(whole, {"precision": "bf16"})
     assert not report.measured_before_a_fix(plain, {"precision": fp8pg})
+
+
+def test_a_bandwidth_run_a_newer_one_covers_is_left_to_its_result_file(tmp_path):
+    """A 4-GPU bandwidth run measures groups of 2 as well: the older 2-GPU run of the same device leaves the page."""
+    root = _scaling_results(tmp_path / "results")
+    newer = root / "2026-01-04-ddddddd"
+    newer.mkdir()
+    bw = [{"op": "all_gather", "ranks": ranks, "size_MiB": mib, "time_us": 10.0, "algbw_GB/s": 1.0, "busbw_GB/s": 77.0}
+          for ranks in (2, 4) for mib in (1, 4)]
+    text = "\n\n".join(["## Collective bus bandwidth", _header("2026-01-04 10:00", "python bench/scaling.py measure"),
+                        "4 GPUs; bf16", markdown_table(bw)]) + "\n"
+    write_result(newer / "scaling_bw_4gpu.md", text, commit="ddddddd")
+    section = report.render(root, tmp_path / "BENCHMARKS.md").split("## Scaling model (bench/scaling.py)")[1]
+    assert "| all_gather | 4 | 77 |" in section and "| all_gather | 2 | 77 |" in section
+    assert "| all_reduce | 2 | 50 |" not in section and "2026-01-03-ccccccc/scaling_bw_2gpu" not in section
