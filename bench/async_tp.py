@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Can a sequence-parallel linear's collective hide behind its GEMM? The NCCL collective, then the GEMM (what
-infir runs), against torch's symmetric-memory async TP, which moves each rank's shard over NVLink with the
-copy engines (no SMs taken from the GEMM) and computes on the shards as they arrive; per GEMM of a layer.
+"""Can a sequence-parallel linear's collective hide behind its GEMM? The NCCL collective, then the GEMM
+(infir's default), against torch's symmetric-memory async TP, which moves each rank's shard over NVLink with
+the copy engines (no SMs taken from the GEMM) and computes on the shards as they arrive, and against infir's
+split schedules (parallel.tp_comm_overlap: infir.fp8.sp_overlap, NCCL point-to-point exchanges per rank
+around per-rank GEMMs, through the same graph ops the trainer runs); per GEMM of a layer.
 
     torchrun --nproc-per-node 2 bench/async_tp.py --model qwen2.5-7b --tokens 4096 --out async_tp.md
 
@@ -12,8 +14,9 @@ torch's FP8 op takes tensor- or row-wise scales only. Row-parallel GEMMs (proj, 
 reduce-scatter over tokens; BF16 through fused_matmul_reduce_scatter, FP8 through the pipelined
 produce-and-all-to-all. The FP8 pipelined paths copy each shard's product once into the output (the BF16 ops
 write it in place). Times: CUDA events around back-to-back calls, the slowest rank's mean. `hidden`: the
-share of the shorter of collective and GEMM that the fused form saves against running them one after the
-other (1: fully hidden; below 0: slower than not overlapping at all).
+share of the shorter of collective and GEMM that a form saves against running them one after the other
+(1: fully hidden; below 0: slower than not overlapping at all), for the fused (symmetric-memory) and the
+split (infir) forms.
 """
 from __future__ import annotations
 
@@ -52,14 +55,21 @@ def column_cases(tokens: int, k: int, n: int, group):
     output for the agreement check."""
     from torch.distributed._symmetric_memory import _pipelined_multi_all_gather_and_consume
 
+    import infir.model.linears  # noqa: F401  (registers the BF16 split schedules' graph ops)
+    from infir.fp8 import quantize
+    from infir.fp8.gemm import outer_dim_major
+    from infir.fp8.ops import fp8_gather_mm
+
     world, name = group.size(), group.group_name
     x = torch.randn(tokens // world, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
     full = torch.empty(tokens, k, device="cuda", dtype=torch.bfloat16)
     gather = lambda: dist.all_gather_into_tensor(full, x, group=group)  # noqa: E731
     bf16 = ("bf16", lambda: full @ w.t(), gather, lambda: (gather(), full @ w.t())[1],
-            lambda: torch.ops.symm_mem.fused_all_gather_matmul(x, [w.t()], 0, name)[1][0])
+            lambda: torch.ops.symm_mem.fused_all_gather_matmul(x, [w.t()], 0, name)[1][0],
+            lambda: torch.ops.infir.sp_gather_linear(x, w, False, False, name, world)[0])
     data, scale, wq, ws = fp8_operands(x, w)
+    w_block = quantize(w, "block", "ue8m0").scale
     data_full = data.new_empty(tokens, k)
     scale_full = scale.new_empty(tokens, scale.shape[1])
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
@@ -76,14 +86,23 @@ def column_cases(tokens: int, k: int, n: int, group):
         _pipelined_multi_all_gather_and_consume([data, scale], consume, [data_full, scale_full], name)
         return out
 
+    def split8():
+        return fp8_gather_mm(data, outer_dim_major(scale), "token", wq, w_block, "block", torch.bfloat16, False, ws,
+                             name, world, [], [])[0]
+
     fp8 = ("fp8", lambda: fp8_mm(data_full, scale_full, wq, ws), gather8,
-           lambda: (gather8(), fp8_mm(data_full, scale_full, wq, ws))[1], fused8)
+           lambda: (gather8(), fp8_mm(data_full, scale_full, wq, ws))[1], fused8, split8)
     return [bf16, fp8]
 
 
 def row_cases(tokens: int, k: int, n: int, group):
     """As column_cases, for a row-parallel GEMM and the reduce-scatter of its product over tokens."""
     from torch.distributed._symmetric_memory import _pipelined_produce_and_all2all
+
+    import infir.model.linears  # noqa: F401  (registers the BF16 split schedules' graph ops)
+    from infir.fp8 import quantize
+    from infir.fp8.gemm import outer_dim_major
+    from infir.fp8.ops import fp8_mm_reduce_scatter
 
     world, name = group.size(), group.group_name
     x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16)
@@ -92,7 +111,8 @@ def row_cases(tokens: int, k: int, n: int, group):
     mine = torch.empty(tokens // world, n, device="cuda", dtype=torch.bfloat16)
     scatter = lambda: dist.reduce_scatter_tensor(mine, y, group=group)  # noqa: E731
     bf16 = ("bf16", lambda: x @ w.t(), scatter, lambda: (dist.reduce_scatter_tensor(mine, x @ w.t(), group=group), mine)[1],
-            lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, name))
+            lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, name),
+            lambda: torch.ops.infir.sp_linear_reduce_scatter(x, w, name, world))
     # each destination rank's tokens quantized on their own: per-token scales, so the same bytes as the whole
     parts = [fp8_operands(c, w) for c in x.chunk(world)]
     wq, ws = parts[0][2], parts[0][3]
@@ -107,22 +127,30 @@ def row_cases(tokens: int, k: int, n: int, group):
         _pipelined_produce_and_all2all(produce, partials, name)
         return partials.view(world, tokens // world, n).sum(0)
 
+    w_block = quantize(w, "block", "ue8m0").scale
+
+    def split8():
+        return fp8_mm_reduce_scatter(data, outer_dim_major(scale), "token", wq, w_block, "block", torch.bfloat16, ws,
+                                     name, world)
+
     fp8 = ("fp8", lambda: fp8_mm(data, scale, wq, ws), lambda: dist.reduce_scatter_tensor(mine, y, group=group),
-           lambda: (dist.reduce_scatter_tensor(mine, fp8_mm(data, scale, wq, ws), group=group), mine)[1], fused8)
+           lambda: (dist.reduce_scatter_tensor(mine, fp8_mm(data, scale, wq, ws), group=group), mine)[1], fused8, split8)
     return [bf16, fp8]
 
 
 def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, iters: int) -> list[dict]:
     rows = []
-    for precision, mm, comm, seq, fused in side(tokens, k, n, group):
+    for precision, mm, comm, seq, fused, split in side(tokens, k, n, group):
         t = {key: slowest_rank_ms(fn, group, warmup, iters) for key, fn in
-             (("gemm", mm), ("collective", comm), ("sequential", seq), ("fused", fused))}
-        agree = rel_diff(fused(), seq())
-        saved = t["sequential"] - t["fused"]
+             (("gemm", mm), ("collective", comm), ("sequential", seq), ("fused", fused), ("split", split))}
+        shorter = min(t["gemm"], t["collective"])
         rows.append({"GEMM": gemm, "precision": precision, "tokens x K x N": f"{tokens}x{k}x{n}",
                      "gemm ms": t["gemm"], "collective ms": t["collective"], "sequential ms": t["sequential"],
-                     "fused ms": t["fused"], "speedup": t["sequential"] / t["fused"],
-                     "hidden": saved / min(t["gemm"], t["collective"]), "fused vs sequential (rel.)": agree})
+                     "fused ms": t["fused"], "fused hidden": (t["sequential"] - t["fused"]) / shorter,
+                     "split ms": t["split"], "split hidden": (t["sequential"] - t["split"]) / shorter,
+                     "split speedup": t["sequential"] / t["split"],
+                     "fused vs sequential (rel.)": rel_diff(fused(), seq()),
+                     "split vs sequential (rel.)": rel_diff(split(), seq())})
         print(rows[-1], flush=True)
     return rows
 
@@ -150,8 +178,8 @@ def main() -> None:
     torch.manual_seed(dist.get_rank())
     rows = [r for gemm, side, k, n in shapes for r in measure(gemm, side, args.tokens, k, n, group, args.warmup, args.iters)]
     if dist.get_rank() == 0:
-        emit("Sequence-parallel collective beside its GEMM: NCCL then GEMM vs symmetric-memory async TP "
-             "(bench/async_tp.py)",
+        emit("Sequence-parallel collective beside its GEMM: NCCL then GEMM vs symmetric-memory async TP vs infir's "
+             "split schedules (bench/async_tp.py)",
              [f"{args.model}, TP={tp} (one GPU per rank), {args.tokens} tokens a micro-batch; NVLink multicast off "
               f"(TORCH_SYMM_MEM_DISABLE_MULTICAST={os.environ.get('TORCH_SYMM_MEM_DISABLE_MULTICAST', 'unset')})",
               markdown_table(rows)], args.out)

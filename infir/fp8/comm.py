@@ -4,12 +4,19 @@ The core (linear.Fp8LinearFunction) runs the same three GEMMs whatever the paral
 strategy says what the input and its gradient go through:
 - `LOCAL`: nothing moves (a single rank, a row-parallel layer, or a column-parallel layer whose input
   megatron already gathered).
-- `SequenceParallel(group, world)`: the input is this rank's shard of the sequence. Its FP8 operand
-  (bytes + scales) is all-gathered for fprop (half the bytes of gathering BF16), X^T's shards are kept
-  local and gathered only in backward (half the saved memory at TP=2), and dgrad's dX is
-  reduce-scattered back to the shards. Quantize-then-gather equals megatron's gather-then-quantize when
-  no quantization group straddles two shards: per-token groups never do along K, and X^T's 128-token
-  groups line up when each shard holds a multiple of 128 tokens (`takes` checks it).
+- `SequenceParallel(group, world, overlap)`: the input is this rank's shard of the sequence (a
+  column-parallel layer). Its FP8 operand (bytes + scales) is all-gathered for fprop (half the bytes of
+  gathering BF16), X^T's shards are kept local and gathered only in backward (half the saved memory at
+  TP=2), and dgrad's dX is reduce-scattered back to the shards. With `overlap` the fprop gather is split
+  per rank around the GEMM (sp_overlap.py); the backward's gather and reduce-scatter overlap dgrad and
+  wgrad either way.
+- `SequenceParallelOutput(group, world)`: the output is reduce-scattered to this rank's shard of the
+  sequence (a row-parallel layer), split per rank around the fprop GEMM; in backward dY's shards come
+  in as FP8 operands (dY along N for dgrad, split per rank around it, and dY^T for wgrad), half the
+  bytes of megatron's BF16 all-gather.
+Quantize-then-gather equals megatron's gather-then-quantize when no quantization group straddles two
+shards: per-token groups never do along K, and 128-token groups along the tokens (X^T, dY^T) line up
+when each shard holds a multiple of 128 tokens (`takes` checks it).
 
 Strategies are frozen dataclasses holding the group's *name*, not a ProcessGroup, because compiled code
 holds no ProcessGroup objects; their collectives are functional (`_c10d_functional`), which dynamo keeps
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .ops import fp8_gather_mm, fp8_mm, fp8_mm_reduce_scatter
 from .quantize import TOKEN_BLOCK
 
 
@@ -30,6 +38,14 @@ class Local:
     """No communication."""
 
     world: int = 1
+
+    def rows(self, rows: int) -> int:
+        """The rows of the output for `rows` rows of input."""
+        return rows
+
+    def forward_mm(self, a, a_scale, a_gran: str, b, b_scale, b_gran: str, out_dtype: torch.dtype, b_mm_scale):
+        """fprop's GEMM with what moves around it: A @ B^T here."""
+        return fp8_mm(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale)
 
     def gather_start(self, tensors, dim: int):
         return list(tensors)
@@ -53,11 +69,23 @@ class SequenceParallel:
 
     group: str
     world: int
+    overlap: bool = False
 
     @staticmethod
-    def takes(granularity: str, x: torch.Tensor) -> bool:
-        """Whether quantize-then-gather is exact for this input: per-token groups, 128-token shards."""
-        return granularity == "token" and (x.numel() // x.shape[-1]) % TOKEN_BLOCK == 0
+    def takes(granularity: str, tokens: int) -> bool:
+        """Whether quantize-then-gather is exact for shards of `tokens` tokens: per-token groups, 128-token shards."""
+        return granularity == "token" and tokens % TOKEN_BLOCK == 0
+
+    def rows(self, rows: int) -> int:
+        return rows * self.world
+
+    def forward_mm(self, a, a_scale, a_gran: str, b, b_scale, b_gran: str, out_dtype: torch.dtype, b_mm_scale):
+        """Every rank's A rows @ B^T: the gather split per rank around the GEMM (overlap), or whole before it."""
+        if self.overlap:
+            return fp8_gather_mm(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale, self.group,
+                                 self.world, [], [])[0]
+        a, a_scale = self.gather_wait(self.gather_start((a, a_scale), 0))
+        return fp8_mm(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale)
 
     def gather_start(self, tensors, dim: int) -> list:
         """Starts one all-gather of every rank's tensors (an FP8 operand's data and scales), each to be
@@ -95,3 +123,31 @@ class SequenceParallel:
 
     def reduce_scatter_wait(self, t: torch.Tensor) -> torch.Tensor:
         return torch.ops._c10d_functional.wait_tensor(t)
+
+
+@dataclass(frozen=True)
+class SequenceParallelOutput:
+    """The output is this rank's shard (dim 0) of the sum over the group's ranks (a row-parallel layer's
+    reduce-scatter), the input every token of this rank's K-shard."""
+
+    group: str
+    world: int
+
+    def rows(self, rows: int) -> int:
+        return rows // self.world
+
+    def forward_mm(self, a, a_scale, a_gran: str, b, b_scale, b_gran: str, out_dtype: torch.dtype, b_mm_scale):
+        return fp8_mm_reduce_scatter(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_mm_scale, self.group,
+                                     self.world)
+
+    def gather_dgrad(self, dy, dy_scale, dy_gran: str, w, w_scale, w_gran: str, out_dtype: torch.dtype, w_mm_t,
+                     extra: list):
+        """dgrad over every rank's dY rows (dY gathered per rank around the GEMMs), and `extra` (dY^T's
+        data and scale) gathered along the tokens."""
+        return fp8_gather_mm(dy, dy_scale, dy_gran, w, w_scale, w_gran, out_dtype, True, w_mm_t, self.group, self.world,
+                             extra, [1] * len(extra))
+
+    def gather(self, tensors: list) -> list:
+        """Every rank's `tensors` (dY^T's data and scale) joined along the tokens, where no dgrad needs dY."""
+        sp = SequenceParallel(self.group, self.world)
+        return sp.gather_wait(sp.gather_start(tensors, 1))

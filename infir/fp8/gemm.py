@@ -137,21 +137,25 @@ def _lt_wgrad():
 
 
 def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
-                        out_dtype: torch.dtype) -> torch.Tensor:
+                        out_dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """C = A @ B^T for 1x128-scaled A [M, K] (scales outer-dim-major) and B [N, K] with 'token' or
     'block' scales already in scaled_mm's layout (scaled_mm_scale): the per-call fast path of the
-    compiled FP8 linear, with no checks or layout work left to do. (token, token) tries cuBLASLt first."""
+    compiled FP8 linear, with no checks or layout work left to do. (token, token) tries cuBLASLt first.
+    `out`: a contiguous [M, N] tensor C is written into (rows of a larger product), returned."""
     if b_gran == "token":
-        out = _lt_wgrad()(a, a_scale, b, b_scale, out_dtype)
-        if out is not None:
-            return out
+        c = _lt_wgrad()(a, a_scale, b, b_scale, out_dtype)
+        if c is not None:
+            return c if out is None else out.copy_(c)
     if _MM_V2 is not None:  # F.scaled_mm's own call, without its per-call argument building
-        return _MM_V2(a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
-                      _SWIZZLE_INTS, None, out_dtype, (), False)
+        args = (a, b.t(), [a_scale], _RECIPE_INTS["token"], _SWIZZLE_INTS, [b_scale], _RECIPE_INTS[b_gran],
+                _SWIZZLE_INTS, None, out_dtype, (), False)
+        return _MM_V2(*args) if out is None else torch.ops.aten._scaled_mm_v2.out(*args, out=out)
     if hasattr(F, "scaled_mm"):
-        return F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
-                           swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
-    return torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
+        c = F.scaled_mm(a, b.t(), a_scale, _BLOCKWISE["token"], b_scale, _BLOCKWISE[b_gran],
+                        swizzle_a=_NO_SWIZZLE, swizzle_b=_NO_SWIZZLE, output_dtype=out_dtype)
+    else:
+        c = torch._scaled_mm(a, b.t(), a_scale, b_scale, out_dtype=out_dtype)
+    return c if out is None else out.copy_(c)
 
 
 def scaled_mm_blockwise_accumulate(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,

@@ -12,7 +12,7 @@ layouts), because a compiled graph cannot hold the cache's bookkeeping.
 One Function serves every caller: eager code, compiled layers (its quantizers and GEMMs are opaque
 graph ops, ops.py, so dynamo keeps a layer as one graph; launched from Python between graph breaks, a
 compiled 1.5B FP8 step waited on the host), any parallelism (a comm.py strategy moves the operands:
-nothing, or the sequence-parallel FP8 all-gather), and megatron's FP32 `main_grad` (wgrad adds into it).
+nothing, or the sequence-parallel FP8 all-gather and reduce-scatter, split per rank around the GEMMs), and megatron's FP32 `main_grad` (wgrad adds into it).
 What a call computes is one frozen `LinearSpec`; what backward needs besides tensors, one frozen `_Saved`.
 
 SwiGLU epilogue (a gated FC1 whose output goes through SwiGLU): h = X W^T is saved in FP8 for SwiGLU's
@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .comm import LOCAL, Local, SequenceParallel
+from .comm import LOCAL, Local, SequenceParallel, SequenceParallelOutput
 from .ops import fp8_mm, fp8_wgrad_main_grad, gemm_granularity, quantize_operand
 from .recipe import OperandFormat, Recipe, get_recipe
 from .swiglu import (fused_backward_quantize_ok, fused_forward_quantize_ok, swiglu_fp8_backward,
@@ -41,8 +41,9 @@ class LinearSpec:
     """What one FP8 linear call computes (dynamo specialises a compiled layer on it).
 
     input, grad_output: the recipe's operand formats; weight_granularity: that of the cached FP8 weight.
-    comm: comm.LOCAL or a comm.SequenceParallel (then x is this rank's shard of the sequence and Y
-    covers the whole sequence). to_main_grad: the weight has megatron's FP32 `main_grad` and its grad
+    comm: comm.LOCAL, a comm.SequenceParallel (then x is this rank's shard of the sequence and Y
+    covers the whole sequence) or a comm.SequenceParallelOutput (x covers the sequence, Y is this rank's
+    shard of the sum over ranks). to_main_grad: the weight has megatron's FP32 `main_grad` and its grad
     hook skips what autograd gets (`grad_added_to_main_grad`): wgrad adds into main_grad itself.
     swiglu: the SwiGLU epilogue's saved-input format, or None; fp8_out (with swiglu): Y leaves as FC2's
     FP8 operands (Fp8SwiGLUOutput)."""
@@ -50,13 +51,13 @@ class LinearSpec:
     input: OperandFormat
     grad_output: OperandFormat
     weight_granularity: str
-    comm: Local | SequenceParallel
+    comm: Local | SequenceParallel | SequenceParallelOutput
     to_main_grad: bool = False
     swiglu: OperandFormat | None = None
     fp8_out: bool = False
 
     @classmethod
-    def of(cls, recipe: Recipe, weight_granularity: str, comm: Local | SequenceParallel = LOCAL, **kw) -> "LinearSpec":
+    def of(cls, recipe: Recipe, weight_granularity: str, comm=LOCAL, **kw) -> "LinearSpec":
         return cls(recipe.input, recipe.grad_output, weight_granularity, comm, **kw)
 
 
@@ -92,7 +93,7 @@ class Fp8LinearFunction(torch.autograd.Function):
     [N, K] (for its gradient's dtype and main_grad), w / w_scale (W quantized), w_mm / w_mm_t (W's and
     W^T's scales in scaled_mm's layout, or None), bias or None, x's pre-quantized operands (FC2 after
     FC1's FP8 output: q, scale, q^T, scale^T) or four Nones, and the LinearSpec.
-    Returns y [M * comm.world, N], or (anchor, q, scale, q^T, scale^T) with spec.fp8_out."""
+    Returns y [comm.rows(M), N], or (anchor, q, scale, q^T, scale^T) with spec.fp8_out."""
 
     @staticmethod
     def forward(ctx, x, weight, w, w_scale, w_mm, w_mm_t, bias, xq, xs, xqt, xst, spec: LinearSpec):
@@ -102,9 +103,8 @@ class Fp8LinearFunction(torch.autograd.Function):
             (qx, sx, _), xt = quantize_operand(x, spec.input, cols=need_wgrad)
         else:
             qx, sx, xt = xq, xs, (None if xqt is None else (xqt, xst, gran))
-        # X^T's shards stay local until backward
-        qx, sx = spec.comm.gather_wait(spec.comm.gather_start((qx, sx), 0))
-        h = fp8_mm(qx, sx, gran, w, w_scale, spec.weight_granularity, x.dtype, False, w_mm)
+        # under sequence parallelism X^T's shards stay local until backward
+        h = spec.comm.forward_mm(qx, sx, gran, w, w_scale, spec.weight_granularity, x.dtype, w_mm)
         if bias is not None:
             h = h + bias.to(h.dtype)
         saved = {"w": w, "w_scale": w_scale, "w_mm_t": w_mm_t}
@@ -125,6 +125,9 @@ class Fp8LinearFunction(torch.autograd.Function):
         st: _Saved = ctx.state
         comm = st.spec.comm
         saved = dict(zip(st.names, ctx.saved_tensors))
+        if isinstance(comm, SequenceParallelOutput):
+            dx, dw = _backward_output_scattered(st, saved, dy, comm)
+            return (dx, dw, None, None, None, None, None) + (None,) * 5
         # megatron's order under sequence parallelism: X^T's shards are gathered around dY's
         # quantization and dgrad, and dX's reduce-scatter around wgrad
         pending = comm.gather_start((saved["xt"], saved["xt_scale"]), 1) if st.need_wgrad else None
@@ -135,23 +138,44 @@ class Fp8LinearFunction(torch.autograd.Function):
                         saved.get("w_mm_t"))
             dx = comm.reduce_scatter_start(dx)
         if st.need_wgrad:
-            xt, xt_scale = comm.gather_wait(pending)
-            xt_gran = gemm_granularity(st.spec.input.granularity)
-            if st.to_main_grad:
-                dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
-                # dw is the op's unwritten placeholder. A compiled graph needs it, or it prunes the op; megatron
-                # DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips adding it
-                # (grad_added_to_main_grad) and drops it. Elsewhere the weight's .grad stays None: it is all in
-                # main_grad, and no hook would drop an unwritten tensor an optimizer might then read.
-                if not (torch.compiler.is_compiling() or getattr(saved["weight"], "grad_added_to_main_grad", False)):
-                    dw = None
-            else:  # dW in the weight's dtype, for autograd
-                dw = fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
+            dw = _wgrad(st, saved, dyt, *comm.gather_wait(pending))
         if dx is not None:
             dx = comm.reduce_scatter_wait(dx)
         if st.need_bias_grad:
             db = dy.float().sum(0)
         return (dx, dw, None, None, None, None, db) + (None,) * 5
+
+
+def _wgrad(st: _Saved, saved: dict, dyt, xt: torch.Tensor, xt_scale: torch.Tensor):
+    """dW = dY^T (X^T)^T from both operands along the tokens: added into main_grad (then an unwritten
+    placeholder or None is returned), or in the weight's dtype for autograd."""
+    xt_gran = gemm_granularity(st.spec.input.granularity)
+    if not st.to_main_grad:
+        return fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
+    dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
+    # dw is the op's unwritten placeholder. A compiled graph needs it, or it prunes the op; megatron
+    # DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips adding it
+    # (grad_added_to_main_grad) and drops it. Elsewhere the weight's .grad stays None: it is all in
+    # main_grad, and no hook would drop an unwritten tensor an optimizer might then read.
+    if not (torch.compiler.is_compiling() or getattr(saved["weight"], "grad_added_to_main_grad", False)):
+        return None
+    return dw
+
+
+def _backward_output_scattered(st: _Saved, saved: dict, dy: torch.Tensor, comm: SequenceParallelOutput):
+    """(dX, dW) of a row-parallel linear whose output was reduce-scattered: dy is this rank's shard. Its
+    FP8 operands are quantized here and gathered, dY per rank around dgrad and dY^T with it for wgrad
+    (the backward of the reduce-scatter is an all-gather, in FP8 here rather than BF16)."""
+    (qdy, sdy, gdy), dyt = _grad_operands(st, saved, dy)
+    extra = [dyt[0], dyt[1]] if st.need_wgrad else []
+    dx = None
+    if st.need_dgrad:
+        dx, extra = comm.gather_dgrad(qdy, sdy, gdy, saved["w"], saved["w_scale"], st.spec.weight_granularity,
+                                      st.x_dtype, saved.get("w_mm_t"), extra)
+    elif extra:
+        extra = comm.gather(extra)
+    dw = _wgrad(st, saved, (*extra, dyt[2]), saved["xt"], saved["xt_scale"]) if st.need_wgrad else None
+    return dx, dw
 
 
 def _epilogue(ctx, h: torch.Tensor, spec: LinearSpec, saved: dict):
@@ -204,13 +228,16 @@ def fp8_linear(x, weight: torch.Tensor, wq, bias: torch.Tensor | None, spec: Lin
         raise ValueError("fp8_out is the SwiGLU epilogue's FP8 output: give the spec a swiglu format too")
     w_mm, w_mm_t = wq.layout_cache.get("scaled_mm"), wq.layout_cache.get("scaled_mm_t")
     pre = (None,) * 4
+    if isinstance(spec.comm, SequenceParallelOutput) and (bias is not None or spec.swiglu is not None):
+        raise ValueError("a row-parallel linear with a reduce-scattered output takes its bias after the reduction "
+                         "and has no SwiGLU epilogue: pass bias=None and no swiglu format")
     if isinstance(x, Fp8SwiGLUOutput):
-        if not isinstance(spec.comm, Local) or spec.swiglu is not None:
+        if isinstance(spec.comm, SequenceParallel) or spec.swiglu is not None:
             raise ValueError("an FP8 SwiGLU output goes into a row-parallel linear (FC2), without sequence-parallel "
                              "gather or an epilogue of its own")
         pre, x = (x.q, x.scale, x.qt, x.scale_t), x.anchor
     k = x.shape[-1]
-    lead = (x.shape[0] * spec.comm.world, *x.shape[1:-1])
+    lead = (spec.comm.rows(x.shape[0]), *x.shape[1:-1])
     out = Fp8LinearFunction.apply(x.reshape(-1, k), weight, wq.data, wq.scale, w_mm, w_mm_t, bias, *pre, spec)
     if spec.fp8_out:
         anchor, q, s, qt, st = out

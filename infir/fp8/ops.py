@@ -19,11 +19,13 @@ from .gemm import blockwise_dtypes_ok, fp8_gemm, fp8_gemm_accumulate, is_sm90, o
 from .oplib import define_op
 from .dispatch import quantize_pair, transpose_q, transposed
 from .quantize import TOKEN_BLOCK, QTensor
+from .sp_overlap import concat_rows, gather_mm, mm_reduce_scatter
 from .recipe import OperandFormat
 
 
 def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor, b_gran: str,
-            out_dtype: torch.dtype, b_transposed: bool = False, b_mm_scale: torch.Tensor | None = None) -> torch.Tensor:
+            out_dtype: torch.dtype, b_transposed: bool = False, b_mm_scale: torch.Tensor | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """C [M, N] = A [M, K] @ B [N, K]^T for FP8 data + scales of the given granularities (gemm.fp8_gemm).
 
     b_transposed: b is stored [K, N] (W for dgrad); its bytes are transposed here and freed after
@@ -33,6 +35,7 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
     b_mm_scale: a 'block' b's scale (of b^T when b_transposed) already in scaled_mm's layout
     (gemm.scaled_mm_scale, made once a step by the weight cache); with it, and token A on an sm90
     GPU, the GEMM is one scaled_mm call with no per-call layout work.
+    out: a contiguous [M, N] tensor to write C into (the sequence-parallel schedules' rows of one product).
     """
     m, k = a.shape
     n = b.shape[1 if b_transposed else 0]
@@ -42,11 +45,12 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
     if fast:
         bk = transposed(b) if b_transposed else b
         # token scales come from the quantize op, outer-dim-major as scaled_mm takes them
-        return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype)
+        return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype, out)
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
-    return fp8_gemm(qa, transpose_q(qb) if b_transposed else qb, out_dtype=out_dtype)
+    c = fp8_gemm(qa, transpose_q(qb) if b_transposed else qb, out_dtype=out_dtype)
+    return c if out is None else out.copy_(c)
 
 
 def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed=False, b_mm_scale=None):
@@ -56,6 +60,66 @@ def _fp8_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed
 fp8_mm = define_op(
     "fp8_mm", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
     "bool b_transposed=False, Tensor? b_mm_scale=None) -> Tensor", _fp8_mm, _fp8_mm_fake)
+
+
+def _rows(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Rows lo:hi of an operand's data or scale; an outer-dim-major scale stays outer-dim-major (the GEMM
+    takes no other layout), a 0-dim tensor-wise scale is whole."""
+    if t.dim() == 0:
+        return t
+    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
+        return t.t()[:, lo:hi].contiguous().t()
+    return t[lo:hi]
+
+
+def _fp8_gather_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
+                   b_gran: str, out_dtype: torch.dtype, b_transposed: bool, b_mm_scale: torch.Tensor | None, group: str,
+                   world: int, extra: list[torch.Tensor], extra_dims: list[int]):
+    """C [W*m, N] = (every rank's A rows, in rank order) @ B^T, with A's all-gather over the group split per
+    rank and overlapped with the GEMMs (sp_overlap.gather_mm); `extra` tensors travel with A and come back
+    gathered, each joined along its `extra_dims` entry (the backward's dY^T beside dY)."""
+    m = a.shape[0]
+    out = a.new_empty((m * world, b.shape[1 if b_transposed else 0]), dtype=out_dtype)
+
+    def mm(j: int, tensors) -> None:
+        _fp8_mm(tensors[0], tensors[1], a_gran, b, b_scale, b_gran, out_dtype, b_transposed, b_mm_scale,
+                out=out[j * m:(j + 1) * m])
+
+    everyone = gather_mm([a, a_scale, *extra], mm, group)
+    return out, [concat_rows([tensors[2 + i] for tensors in everyone], d) for i, d in enumerate(extra_dims)]
+
+
+def _fp8_gather_mm_fake(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed, b_mm_scale, group, world,
+                        extra, extra_dims):
+    out = a.new_empty((a.shape[0] * world, b.shape[1 if b_transposed else 0]), dtype=out_dtype)
+    return out, [concat_rows([torch.empty_like(t)] * world, d) for t, d in zip(extra, extra_dims)]
+
+
+fp8_gather_mm = define_op(
+    "fp8_gather_mm", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, ScalarType out_dtype, "
+    "bool b_transposed, Tensor? b_mm_scale, str group, int world, Tensor[] extra, int[] extra_dims) -> (Tensor, Tensor[])",
+    _fp8_gather_mm, _fp8_gather_mm_fake)
+
+
+def _fp8_mm_reduce_scatter(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
+                           b_gran: str, out_dtype: torch.dtype, b_mm_scale: torch.Tensor | None, group: str,
+                           world: int) -> torch.Tensor:
+    """This rank's m = M/W rows of sum over the group of A [M, K] @ B^T (each rank's A and B its K-shards),
+    with the reduce-scatter split per rank and overlapped with the GEMMs (sp_overlap.mm_reduce_scatter)."""
+    m = a.shape[0] // world
+
+    def mm(j: int) -> torch.Tensor:
+        lo, hi = j * m, (j + 1) * m
+        return _fp8_mm(_rows(a, lo, hi), _rows(a_scale, lo, hi), a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale)
+
+    return mm_reduce_scatter(mm, group)
+
+
+fp8_mm_reduce_scatter = define_op(
+    "fp8_mm_reduce_scatter", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, "
+    "ScalarType out_dtype, Tensor? b_mm_scale, str group, int world) -> Tensor", _fp8_mm_reduce_scatter,
+    lambda a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_mm_scale, group, world:
+        a.new_empty((a.shape[0] // world, b.shape[0]), dtype=out_dtype))
 
 
 def _fp8_wgrad_main_grad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,

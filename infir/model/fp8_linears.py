@@ -28,8 +28,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from infir.fp8 import LOCAL, Fp8SwiGLUOutput, LinearSpec, Recipe, SequenceParallel, WeightCache, fp8_linear, tensors_of
-from infir.model.linears import ColumnLinear, RowLinear, column_input
+from infir.fp8 import (LOCAL, Fp8SwiGLUOutput, LinearSpec, Recipe, SequenceParallel, SequenceParallelOutput, WeightCache,
+                       fp8_linear, tensors_of)
+from infir.model.linears import ColumnLinear, RowLinear, column_input, sequence_reduce_scatter
 
 
 def _activation_dtype(x):
@@ -81,10 +82,10 @@ class Fp8ColumnLinear(Fp8Projection, ColumnLinear):
         tp = self.tp_group
         world = 1 if tp is None else dist.get_world_size(tp)
         # compiled code names the group by string: it holds no ProcessGroup objects
-        self.sp_comm = SequenceParallel(tp.group_name, world) if world > 1 else None
+        self.sp_comm = SequenceParallel(tp.group_name, world, self.config.tp_comm_overlap) if world > 1 else None
 
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
-        if sequence_parallel and self.sp_comm is not None and SequenceParallel.takes(self.recipe.input.granularity, input):
+        if sequence_parallel and self.sp_comm is not None and SequenceParallel.takes(self.recipe.input.granularity, input.numel() // input.shape[-1]):
             return self.fp8_matmul(input, weight, bias, self.sp_comm)
         x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
         return self.fp8_matmul(x, weight, bias)
@@ -99,6 +100,17 @@ class Fp8RowLinear(Fp8Projection, RowLinear):
 
     def matmul(self, x, weight, bias):
         return self.fp8_matmul(x, weight, bias)
+
+    def matmul_reduce_scatter(self, x, weight: torch.Tensor) -> torch.Tensor:
+        """Split per rank around the GEMM (tp_comm_overlap, dY's shards gathered as FP8 operands in backward)
+        where the recipe's gradient operands allow it (SequenceParallel.takes), else megatron's order."""
+        world = self.tp_group.size()
+        y = x.anchor if isinstance(x, Fp8SwiGLUOutput) else x
+        tokens = y.numel() // y.shape[-1]
+        if (self.config.tp_comm_overlap and world > 1 and tokens % world == 0
+                and SequenceParallel.takes(self.recipe.grad_output.granularity, tokens // world)):
+            return self.fp8_matmul(x, weight, None, SequenceParallelOutput(self.tp_group.group_name, world))
+        return sequence_reduce_scatter(self.matmul(x, weight, None), self.tp_group)
 
 
 def fp8_linears_of(model: torch.nn.Module) -> list:

@@ -14,6 +14,12 @@ Communication:
   all-gather), both through functional collectives (`sequence_gather`, `sequence_reduce_scatter`);
 - tensor parallel without SP: megatron's mappings (identity, backward all-reduce of dgrad; the row
   output's all-reduce in RowParallelLinear.forward).
+With `tp_comm_overlap` (megatron's TransformerConfig field, otherwise read only by Transformer Engine's
+layers) the sequence-parallel collectives are split per rank around the GEMMs (infir.fp8.sp_overlap):
+the column-parallel input's gather around the fprop GEMM, the row-parallel output's reduce-scatter around
+it, dY's gather around the row-parallel dgrad; the column-parallel backward gathers X around dgrad and
+reduce-scatters dX around wgrad, megatron's order. The split schedules run inside opaque graph ops,
+because their point-to-point exchanges are not traceable.
 Why not megatron's SP mappings: they write into a preallocated output with the in-place c10d calls, and
 inside a torch.compile'd layer on NCCL the gradients that came out of their backward were wrong (TP=2 with
 SP trained at a 17x smaller gradient norm than one rank, on the same first loss; launch/parallel_check.py).
@@ -25,6 +31,9 @@ import torch
 import torch.nn.functional as F
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+from infir.fp8.oplib import define_op
+from infir.fp8.sp_overlap import gather_mm, mm_reduce_scatter
 
 
 def _all_gather(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
@@ -61,6 +70,79 @@ def sequence_reduce_scatter(x: torch.Tensor, tp_group) -> torch.Tensor:
     return x if world == 1 else _SequenceCollective.apply(x, False, tp_group.group_name, world)
 
 
+def _bf16_gather_linear(x: torch.Tensor, w: torch.Tensor, transposed: bool, keep: bool, group: str, world: int):
+    """(every rank's x rows, in rank order) @ w^T (w [N, K]; with `transposed`, @ w, w [K, N]), the
+    gather split per rank around the GEMMs; and, with `keep`, the gathered x itself (else an empty tensor)."""
+    m = x.shape[0]
+    b = w if transposed else w.t()
+    out = x.new_empty((m * world, b.shape[1]))
+    everyone = gather_mm([x], lambda j, t: torch.mm(t[0], b, out=out[j * m:(j + 1) * m]), group)
+    return out, (torch.cat([t[0] for t in everyone]) if keep else x.new_empty(0))
+
+
+def _bf16_gather_linear_fake(x, w, transposed, keep, group, world):
+    n = w.shape[1 if transposed else 0]
+    return x.new_empty((x.shape[0] * world, n)), (x.new_empty((x.shape[0] * world, x.shape[1])) if keep else x.new_empty(0))
+
+
+_gather_linear = define_op("sp_gather_linear", "(Tensor x, Tensor w, bool transposed, bool keep, str group, int world) "
+                           "-> (Tensor, Tensor)", _bf16_gather_linear, _bf16_gather_linear_fake)
+
+
+def _bf16_linear_reduce_scatter(x: torch.Tensor, w: torch.Tensor, group: str, world: int) -> torch.Tensor:
+    m = x.shape[0] // world
+    return mm_reduce_scatter(lambda j: x[j * m:(j + 1) * m] @ w.t(), group)
+
+
+_linear_reduce_scatter = define_op(
+    "sp_linear_reduce_scatter", "(Tensor x, Tensor w, str group, int world) -> Tensor", _bf16_linear_reduce_scatter,
+    lambda x, w, group, world: x.new_empty((x.shape[0] // world, w.shape[0])))
+
+
+class _OverlappedColumn(torch.autograd.Function):
+    """y = gather(x) @ w^T over the sequence shards, the gather split per rank around the GEMM."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, group: str, world: int) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.group, ctx.world = group, world
+        return _gather_linear(x, w, False, False, group, world)[0]
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        gathered = torch.ops._c10d_functional.all_gather_into_tensor(x.contiguous(), ctx.world, ctx.group)
+        dx = torch.ops._c10d_functional.reduce_scatter_tensor(dy @ w, "sum", ctx.world, ctx.group)
+        dw = dy.t() @ torch.ops._c10d_functional.wait_tensor(gathered)
+        return torch.ops._c10d_functional.wait_tensor(dx), dw, None, None
+
+
+class _OverlappedRow(torch.autograd.Function):
+    """y = this rank's rows of sum over ranks of x @ w^T, the reduce-scatter split per rank around the GEMM."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, group: str, world: int) -> torch.Tensor:
+        ctx.save_for_backward(x, w)
+        ctx.group, ctx.world = group, world
+        return _linear_reduce_scatter(x, w, group, world)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w = ctx.saved_tensors
+        dx, dy_full = _gather_linear(dy.contiguous(), w, True, True, ctx.group, ctx.world)
+        return dx, dy_full.t() @ x, None, None
+
+
+def overlapped_linear(x: torch.Tensor, weight: torch.Tensor, tp_group, column: bool) -> torch.Tensor:
+    """x @ weight^T of a sequence-parallel linear with its collective split per rank around the GEMM:
+    column-parallel (x this rank's sequence shard, the output every token) or row-parallel (x every token
+    of this rank's K-shard, the output this rank's shard of the sum). In x's dtype, as autocast would run it."""
+    w = weight.to(x.dtype)
+    fn = _OverlappedColumn if column else _OverlappedRow
+    y = fn.apply(x.reshape(-1, x.shape[-1]), w, tp_group.group_name, tp_group.size())
+    return y.reshape(-1, *x.shape[1:-1], w.shape[0])
+
+
 def column_input(x: torch.Tensor, *, allreduce_dgrad: bool, sequence_parallel: bool, tp_group) -> torch.Tensor:
     if sequence_parallel:
         return sequence_gather(x, tp_group)
@@ -73,6 +155,9 @@ class ColumnLinear(ColumnParallelLinear):
     """Column-parallel linear (QKV, FC1): Y_i = X W_i^T on each TP rank."""
 
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
+        if sequence_parallel and self.config.tp_comm_overlap and tp_group.size() > 1:
+            y = overlapped_linear(input, weight, tp_group, column=True)
+            return y if bias is None else y + bias.to(y.dtype)
         x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
         return self.matmul(x, weight, bias)
 
@@ -87,13 +172,20 @@ class RowLinear(RowParallelLinear):
     def forward(self, input_):
         if not self.sequence_parallel or self.explicit_expert_comm:
             return super().forward(input_)
-        out = sequence_reduce_scatter(self._forward_impl(input_, self.weight), self.tp_group)
+        out = self.matmul_reduce_scatter(input_, self.weight)
         if self.skip_bias_add or self.bias is None:
             return out, self.bias if self.skip_bias_add else None
         return out + self.bias, None
 
     def _forward_impl(self, input, weight, bias=None, **_):
         return self.matmul(input, weight, bias)
+
+    def matmul_reduce_scatter(self, x, weight: torch.Tensor) -> torch.Tensor:
+        """x @ weight^T reduce-scattered over the sequence: split per rank around the GEMM
+        (tp_comm_overlap), or the GEMM, then the collective."""
+        if self.config.tp_comm_overlap and self.tp_group.size() > 1:
+            return overlapped_linear(x, weight, self.tp_group, column=False)
+        return sequence_reduce_scatter(self._forward_impl(x, weight), self.tp_group)
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight, bias)

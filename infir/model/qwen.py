@@ -89,6 +89,7 @@ def transformer_config(
     tp: int = 1,
     cp: int = 1,
     sequence_parallel: bool = False,
+    tp_comm_overlap: bool = False,
     params_dtype: torch.dtype = torch.float32,
     init_std: float = 0.02,
     recompute: str | None = None,
@@ -100,7 +101,8 @@ def transformer_config(
 
     `cpu_init` initialises every weight whole on the CPU from one RNG stream and then splits it across
     tensor-parallel ranks, so TP=1 and TP=2 start from identical weights (megatron's GPU init draws
-    per-rank streams). `recompute`: None, "selective" (attention core) or "full" (whole layers).
+    per-rank streams). `tp_comm_overlap`: the sequence-parallel collectives split per rank around their
+    GEMMs (infir.model.linears). `recompute`: None, "selective" (attention core) or "full" (whole layers).
     `fusions` turns on megatron's own torch.compile-fused SwiGLU, bias-dropout-add and vocab-parallel
     cross entropy (GPU; on CPU their compile time outweighs a tiny model's step). `autocast_dtype`: the
     dtype the trainer autocasts to (None: no autocast); each layer enters it too (spec.AutocastLayer).
@@ -126,6 +128,9 @@ def transformer_config(
         tensor_model_parallel_size=tp,
         context_parallel_size=cp,
         sequence_parallel=sequence_parallel and tp > 1,
+        # megatron's field (otherwise read by Transformer Engine's layers only): infir's linears split the
+        # sequence-parallel collectives around their GEMMs (infir.model.linears)
+        tp_comm_overlap=tp_comm_overlap and sequence_parallel and tp > 1,
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         use_cpu_initialization=cpu_init,

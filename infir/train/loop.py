@@ -100,6 +100,7 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
         tp=info.tp,
         cp=info.cp,
         sequence_parallel=cfg.parallel.sequence_parallel,
+        tp_comm_overlap=cfg.parallel.tp_comm_overlap,
         params_dtype=param_dtype,
         init_std=cfg.model.init_std,
         recompute=cfg.model.recompute,

@@ -1,5 +1,6 @@
-"""bench/async_tp.py: refused in one line without GPUs under torchrun; on two GPUs every fused (async TP) form
-computes what the NCCL-then-GEMM form does, for each GEMM of a layer, BF16 and FP8."""
+"""bench/async_tp.py: refused in one line without GPUs under torchrun; on two GPUs every fused (async TP) and
+split (infir's tp_comm_overlap) form computes what the NCCL-then-GEMM form does, for each GEMM of a layer, BF16
+and FP8."""
 from __future__ import annotations
 
 import json
@@ -36,3 +37,4 @@ def test_every_fused_form_computes_what_gather_then_gemm_does(tmp_path):
                                                           for p in ("bf16", "fp8")}
     # the same products summed in another order (the reduce-scatter's partials): BF16 rounding apart
     assert all(r["fused vs sequential (rel.)"] < 1e-2 and r["fused ms"] > 0 for r in rows), rows
+    assert all(r["split vs sequential (rel.)"] < 1e-2 and r["split ms"] > 0 for r in rows), rows

@@ -141,7 +141,8 @@ def test_gpu_linear_fast_path_matches_emulated(recipe, mkn):
 def test_gpu_direct_scaled_mm_call_equals_the_public_function(b_gran, monkeypatch):
     """gemm.scaled_mm_blockwise calls torch._scaled_mm_v2 with the argument lists F.scaled_mm builds:
     the same bits, so a torch that changes that op's signature fails here, not in training. (token x
-    token goes to cuBLASLt first, tests/fp8/test_lt_wgrad.py; here it is kept on torch's call.)"""
+    token goes to cuBLASLt first, tests/fp8/test_lt_wgrad.py; here it is kept on torch's call.) Its
+    out= form (the sequence-parallel schedules' rows of one product) writes the same bits there alone."""
     import torch.nn.functional as F
 
     from infir.fp8 import gemm, quantize
@@ -157,3 +158,6 @@ def test_gpu_direct_scaled_mm_call_equals_the_public_function(b_gran, monkeypatc
     want = F.scaled_mm(a.data, b.data.t(), sa, kinds["token"], sb, kinds[b_gran], swizzle_a=F.SwizzleType.NO_SWIZZLE,
                        swizzle_b=F.SwizzleType.NO_SWIZZLE, output_dtype=torch.bfloat16)
     assert torch.equal(got, want)
+    big = torch.zeros(1024, 768, device="cuda", dtype=torch.bfloat16)
+    scaled_mm_blockwise(a.data, sa, b.data, sb, b_gran, torch.bfloat16, out=big[256:768])
+    assert torch.equal(big[256:768], want) and not big[:256].any() and not big[768:].any()

@@ -58,6 +58,8 @@ def test_compose_rejects_a_bad_field_in_one_line_naming_it(overrides, message):
         (["parallel.tp=3"], "parallel.tp=3 does not divide model.heads=4"),
         (["stage.seq_length=4096"], "exceeds the model's max_positions=2048"),
         (["parallel=tp2", "stage.seq_length=255"], "must be divisible by parallel.tp=2"),
+        (["parallel.tp_comm_overlap=true"], "parallel.tp_comm_overlap=True is not valid: expected false, or "
+                                            "parallel.sequence_parallel=true"),
         (["stage.schedule=linear"], "stage.schedule='linear'"),
         (["train.on_nan=ignore"], "train.on_nan='ignore'"),
         (["train.gc_interval=0"], "train.gc_interval=0"),

@@ -12,20 +12,30 @@ from trainrun import in_process_losses, losses, run_train, summary, worker_rows
 FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0"]
 
 
-def _gather_worker(recipe: str, *device: str):
-    for r in worker_rows("fp8_gather_worker.py", recipe, *device, timeout=300):
-        # Quantize-then-gather equals gather-then-quantize: the same FP8 operands, so results agree up to
-        # float summation order; compiled (functional collectives inside the graph), bit for bit.
-        assert r["takes"] and r["y"] < 1e-6 and r["dw"] < 1e-6 and r["dx"] < 1e-6, r
-        assert r["compiled_equal"] == [True, True, True], r
-        # FP8 bytes and their FP32 scales, never the BF16/FP32 activation itself
-        assert any("float8" in d for d in r["gathered"]) and set(r["gathered"]) <= {
+def _gather_worker(recipe: str, *device: str, nproc: int = 2):
+    for r in worker_rows("fp8_gather_worker.py", recipe, *device, nproc=nproc, timeout=300):
+        assert r["takes"], r
+        for case in ("column", "column_overlap", "row_overlap"):
+            c = r[case]
+            # Quantize-then-gather equals gather-then-quantize: the same FP8 operands, so results agree up to
+            # float summation order; compiled (collectives inside the graph or inside the ops), bit for bit.
+            assert c["y"] < 1e-6 and c["dw"] < 1e-6 and c["dx"] < 1e-6, (case, r)
+            assert c["compiled_equal"] == [True, True, True], (case, r)
+        # FP8 bytes and their FP32 scales, never the BF16/FP32 activation itself (the overlapped paths move
+        # theirs by point-to-point exchanges inside their ops, which this recording does not see)
+        c = r["column"]
+        assert any("float8" in d for d in c["gathered"]) and set(c["gathered"]) <= {
             "torch.float8_e4m3fn", "torch.float8_e5m2", "torch.float32"}, r
 
 
 @pytest.mark.parametrize("recipe", ["fp8_blockwise_ue8m0", "fp8_blockwise_e5m2_grad"])
 def test_sequence_parallel_all_gather_moves_fp8_and_matches_gathering_bf16(recipe):
     _gather_worker(recipe)
+
+
+def test_sequence_parallel_split_schedules_on_four_ranks():
+    """Four ranks: three exchanges per split collective, each with its own pair of ranks."""
+    _gather_worker("fp8_blockwise_ue8m0", nproc=4)
 
 
 @pytest.mark.gpu
@@ -83,10 +93,11 @@ def test_gpu_full_recompute_with_per_forward_weights_trains_on_the_kept_weights_
 
 
 @pytest.mark.slow
-def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path, overlap):
     common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "stage.iters=6"]
     run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
-    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2"], nproc=2)
+    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"], nproc=2)
     a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
     assert sorted(a) == sorted(b) == list(range(1, 7))
     for step in a:
@@ -94,12 +105,14 @@ def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
 
 
 @pytest.mark.slow
-def test_compiled_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_compiled_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path, overlap):
     """model.compile=true on CPU compiles every layer: the FP8 core inside each layer's graph and, under SP,
-    QKV's and FC1's FP8 all-gather (functional collectives inside the graph)."""
+    QKV's and FC1's FP8 all-gather (functional collectives inside the graph), or with overlap the split
+    schedules (opaque ops inside the graph)."""
     common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "stage.iters=4", "model.compile=true"]
     run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
-    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2"], nproc=2)
+    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"], nproc=2)
     a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
     assert sorted(a) == sorted(b) == list(range(1, 5))
     assert a[4] < a[1]

@@ -25,10 +25,12 @@ def demo(root, run_dir, *extra):
 
 
 @pytest.mark.slow
-def test_tp2_with_sequence_parallel_matches_tp1(demo_root, tmp_path):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_tp2_with_sequence_parallel_matches_tp1(demo_root, tmp_path, overlap):
+    """overlap: the sequence-parallel collectives split per rank around the GEMMs (parallel.tp_comm_overlap)."""
     steps = ["stage.iters=20"]
     run_train(demo(demo_root, tmp_path / "tp1", *steps))
-    run_train(demo(demo_root, tmp_path / "tp2", *steps, "parallel=tp2"), nproc=2)
+    run_train(demo(demo_root, tmp_path / "tp2", *steps, "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"), nproc=2)
     a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
     assert sorted(a) == sorted(b) == list(range(1, 21))
     assert a[20] < a[1] - 1.0, "the model should learn on real text over 20 steps"
@@ -37,8 +39,9 @@ def test_tp2_with_sequence_parallel_matches_tp1(demo_root, tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("precision", ["bf16", "fp8_blockwise_ue8m0"])
-def test_gpu_tp2_with_compiled_layers_trains_as_one_rank(demo_root, tmp_path, precision):
+def test_gpu_tp2_with_compiled_layers_trains_as_one_rank(demo_root, tmp_path, precision, overlap):
     """On GPUs the layers are torch.compile'd and the collectives are NCCL's: TP=2 with sequence parallelism
     has one rank's gradient norm and loss curve within BF16's spread (the CPU test above runs neither)."""
     import torch
@@ -51,7 +54,7 @@ def test_gpu_tp2_with_compiled_layers_trains_as_one_rank(demo_root, tmp_path, pr
               f"data.root={demo_root}", "stage.iters=8", "stage.seq_length=256", "stage.global_batch=4",
               "stage.micro_batch=2"]
     run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
-    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2"], nproc=2)
+    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"], nproc=2)
     rows = {name: {r["step"]: r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "loss" in r}
             for name in ("tp1", "tp2")}
     one, two = rows["tp1"], rows["tp2"]

@@ -1,0 +1,112 @@
+"""Sequence-parallel collectives split per rank, so that each overlaps the GEMM beside it.
+
+Under sequence parallelism each of the W tensor-parallel ranks holds m = M/W of the M tokens. A
+column-parallel linear (QKV, FC1) needs every rank's rows: all-gather, then GEMM. A row-parallel one
+(attention output, FC2) makes partial sums of every row, which are summed over the ranks and split by
+rows: GEMM, then reduce-scatter. Their backwards swap the two. As one collective beside one GEMM, each
+waits for the other and the step pays every TP collective in full. Split by rank:
+- `gather_mm`: this rank's rows go to every other rank and theirs come in, one pairwise exchange per
+  distance k = 1..W-1 (send to rank r+k, receive from r-k). The GEMM of the own rows runs while the
+  exchanges are in flight, and each other rank's rows are multiplied as they land.
+- `mm_reduce_scatter`: the partial product of the rows rank r+k owns is made and sent to it while the
+  next one is made; the own rows' partial comes last, and the partials received are added to it.
+Each exchange is one batch of sends and receives (NCCL's grouped point-to-point), so one rank's rows can
+be used as soon as they land, which a single all-gather (one completion for all ranks) does not give
+at W > 2. At W = 2 the bytes on the wire are those of the collective, and the sum is the same.
+
+Why not torch's async TP (symmetric memory, copy engines): on an H200 at 7B TP=2 its fused ops ran
+slower than NCCL and the GEMM one after the other (bench/async_tp.py).
+
+The schedules take the GEMM as a callable and know nothing of FP8: the FP8 core's graph ops (ops.py)
+and the BF16 tensor-parallel linears use them alike.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+def process_group(name: str):
+    """The ProcessGroup a compiled graph names by string."""
+    return dist.distributed_c10d._resolve_process_group(name)
+
+
+def _wire_form(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(t as a contiguous tensor to move, whether it is t transposed): a transposed view (the
+    outer-dim-major token scales) moves through its storage and is seen transposed again on arrival."""
+    if t.is_contiguous():
+        return t, False
+    if t.dim() == 2 and t.t().is_contiguous():
+        return t.t(), True
+    return t.contiguous(), False
+
+
+class Exchange:
+    """Every other rank's copy of `tensors` (same shapes and dtypes on every rank), in flight: exchange k
+    (1..W-1) sends this rank's to rank r+k and receives rank r-k's. `arrivals` yields (source rank,
+    its tensors) in that order, each waited for (on a GPU, the current stream waits; the host does not)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], group: str):
+        pg = process_group(group)
+        self.world, self.rank = pg.size(), pg.rank()
+        wires = [_wire_form(t) for t in tensors]
+        self.flips = [flip for _, flip in wires]
+        self.pending = []
+        for k in range(1, self.world):
+            dst, src = (self.rank + k) % self.world, (self.rank - k) % self.world
+            bufs = [torch.empty_like(w) for w, _ in wires]
+            ops = [dist.P2POp(dist.isend, w, group=pg, group_peer=dst) for w, _ in wires]
+            ops += [dist.P2POp(dist.irecv, b, group=pg, group_peer=src) for b in bufs]
+            self.pending.append((src, bufs, dist.batch_isend_irecv(ops)))
+
+    def arrivals(self):
+        for src, bufs, works in self.pending:
+            for work in works:
+                work.wait()
+            yield src, [b.t() if flip else b for b, flip in zip(bufs, self.flips)]
+
+
+def gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequence[torch.Tensor]], None],
+              group: str) -> list[list[torch.Tensor]]:
+    """Calls mm(j, rank j's tensors) for every rank j of the group, this rank's own `local` first (while
+    the exchanges run), the others' as they land; mm writes rank j's rows of its product itself.
+    Returns every rank's tensors, in rank order (this rank's are `local` itself)."""
+    exchange = Exchange(local, group)
+    mm(exchange.rank, local)
+    everyone = {exchange.rank: list(local)}
+    for src, tensors in exchange.arrivals():
+        mm(src, tensors)
+        everyone[src] = tensors
+    return [everyone[j] for j in range(exchange.world)]
+
+
+def mm_reduce_scatter(mm: Callable[[int], torch.Tensor], group: str) -> torch.Tensor:
+    """This rank's rows of the sum over the group's ranks of their partial products: mm(j) is this
+    rank's partial product of the rows rank j owns (a new tensor). Each other rank's partial is made and
+    sent while the next is made; the sum is the own partial plus the received ones, in exchange order."""
+    pg = process_group(group)
+    world, rank = pg.size(), pg.rank()
+    pending = []
+    for k in range(1, world):
+        dst, src = (rank + k) % world, (rank - k) % world
+        part = mm(dst)
+        buf = torch.empty_like(part)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, part, group=pg, group_peer=dst),
+                                        dist.P2POp(dist.irecv, buf, group=pg, group_peer=src)])
+        pending.append((buf, works))
+    out = mm(rank)
+    for buf, works in pending:
+        for work in works:
+            work.wait()
+        out += buf
+    return out
+
+
+def concat_rows(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
+    """The ranks' pieces of one tensor joined along `dim` (0 or 1), keeping an outer-dim-major layout
+    (a transposed contiguous 2-D view) outer-dim-major, as the FP8 GEMM takes token scales."""
+    if parts[0].dim() == 2 and not parts[0].is_contiguous() and parts[0].t().is_contiguous():
+        return torch.cat([p.t() for p in parts], dim=1 - dim).t()
+    return torch.cat(list(parts), dim=dim)
