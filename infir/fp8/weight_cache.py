@@ -5,7 +5,7 @@ import torch
 
 from .autoscale import AutoScaler
 from .formats import amax_with_nan_as_inf
-from .gemm import scaled_mm_scale
+from .gemm import block_layout_copies, scaled_mm_scale
 from .dispatch import quantize_weight
 from .quantize import QTensor
 from .recipe import Recipe
@@ -131,3 +131,38 @@ def _refill(old: QTensor | None, new: QTensor) -> QTensor:
             if a is not None:
                 a.copy_(b)
     return old
+
+
+def _ids(base: torch.Tensor, view: torch.Tensor) -> torch.Tensor:
+    """The flat indices into `base` (1-D, its own storage) of the elements of `view` (a view of it), in view order."""
+    ids = torch.arange(base.numel(), device=base.device)
+    return ids.as_strided(view.size(), view.stride(), view.storage_offset() - base.storage_offset()).reshape(-1)
+
+
+class BlockLayoutRefresh:
+    """scaled_mm's layouts of adopted block weights' scales (WeightCache.adopt), brought up to date after the
+    scales change in place, all weights in one gather and one scatter. The scales must be views of one 1-D
+    tensor `scales`; the layouts that are copies (transposed or column-padded: gemm.block_layout_copies) are
+    moved here into one buffer. Why: as a copy per layout, each a strided one that torch's foreach copy runs
+    as its own kernel, a 7B step's 138 copies took the host longer to issue than the GPU to run, between the
+    optimizer step and the first forward."""
+
+    def __init__(self, qs: list, scales: torch.Tensor):
+        self.scales = scales
+        owned = [(q, key, t) for q in qs for key, t in q.layout_cache.items()
+                 if t.untyped_storage().data_ptr() != q.scale.untyped_storage().data_ptr()]
+        sizes = [t.untyped_storage().nbytes() // t.element_size() for _, _, t in owned]
+        self.buffer = scales.new_empty(sum(sizes))
+        at = 0
+        for (q, key, t), n in zip(owned, sizes):
+            home = self.buffer.as_strided(t.size(), t.stride(), at + t.storage_offset())
+            home.copy_(t)  # the padding's ones too: each layout covers its storage
+            q.layout_cache[key] = home
+            at += n
+        pairs = [pair for q in qs for pair in block_layout_copies(q)]
+        self.dst = torch.cat([_ids(self.buffer, d) for d, _ in pairs]) if pairs else None
+        self.src = torch.cat([_ids(scales, s) for _, s in pairs]) if pairs else None
+
+    def __call__(self) -> None:
+        if self.dst is not None:
+            self.buffer.index_copy_(0, self.dst, self.scales.index_select(0, self.src))

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 
 from infir.fp8 import Recipe, WeightCache
+from infir.fp8.weight_cache import BlockLayoutRefresh
 from infir.fp8.dispatch import block_range_amax, quantize_block_range
 from infir.fp8.formats import get_format, scale_from_amax
-from infir.fp8.gemm import block_layout_copies
 from infir.fp8.quantize import WEIGHT_BLOCK
 from infir.train.param_gather import ExactParams, gather_full
 
@@ -77,8 +77,7 @@ class BucketFp8Gather:
         self.other_spans = [spans[p] for p in bucket.params if p not in targets]
         # bytes this rank sends per step: its share of the FP8 buffer and its elements of the other parameters
         self.wire_bytes = self.share + ExactParams([(data, self.other_spans)], self.rank, ranks).wire_bytes
-        self.layout_copies: list = []  # its weights' scale layouts from their scales (block_layout_copies)
-        self._adopted: list = []  # the QTensors those copies are of
+        self.adopted: list = []  # its weights' FP8 QTensors, as last adopted
 
     def bind(self, amax: torch.Tensor, scales: torch.Tensor) -> None:
         """Its weights' block amaxes and scales as views of `amax` and `scales` ([self.blocks] each)."""
@@ -115,10 +114,7 @@ class BucketFp8Gather:
         its scale layouts made where the cache took new tensors."""
         for w in self.weights:
             w.cache.adopt(w.param, self.recipe, w.data, w.scale)
-        qs = [w.cache.q for w in self.weights]
-        if len(qs) != len(self._adopted) or any(a is not b for a, b in zip(qs, self._adopted)):
-            self.layout_copies = [pair for q in qs for pair in block_layout_copies(q)]
-            self._adopted = qs
+        self.adopted = [w.cache.q for w in self.weights]
 
     def sync_params(self) -> None:
         """The parameters in full on every rank (the plain parameter gather), where they are read as such."""
@@ -152,6 +148,8 @@ class Fp8ParamGather:
         self.packed = torch.empty(self.exact.length, dtype=self.exact.dtype, device=device)
         self.gathered = torch.empty(self.exact.length * ranks, dtype=self.exact.dtype, device=device)
         self.exact.land(list(self.gathered.view(ranks, -1)) if self.exact.length else [])
+        self.layouts: BlockLayoutRefresh | None = None  # of the weights as adopted (`_layouts_key`)
+        self._layouts_key: list = []
 
     def exchange_scales(self) -> None:
         """After every bucket's share is stepped: the block scales of every weight, from their amaxes over
@@ -167,11 +165,13 @@ class Fp8ParamGather:
             dist.all_gather_into_tensor(self.gathered, self.packed, group=self.group)
             self.exact.finish()
         self.scales.copy_(scale_from_amax(self.amax, get_format(fmt.fmt), fmt.scale_format))
-        # the layouts scaled_mm reads of the weights' scales, which WeightCache.adopt leaves to us, in one call;
+        # the layouts scaled_mm reads of the weights' scales, which WeightCache.adopt leaves to us, all at once;
         # before any forward of the step has saved them for its backward
-        copies = [pair for b in self.buckets.values() for pair in b.layout_copies]
-        if copies:
-            torch._foreach_copy_([d for d, _ in copies], [s for _, s in copies])
+        qs = [q for b in self.buckets.values() for q in b.adopted]
+        if len(qs) != len(self._layouts_key) or any(a is not b for a, b in zip(qs, self._layouts_key)):
+            self.layouts, self._layouts_key = (BlockLayoutRefresh(qs, self.scales) if qs else None), qs
+        if self.layouts is not None:
+            self.layouts()
 
 
 def fp8_targets(model: torch.nn.Module) -> tuple[dict, Recipe | None]:

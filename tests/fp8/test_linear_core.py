@@ -467,6 +467,35 @@ def test_layout_copies_bring_an_adopted_weights_scale_layouts_up_to_date(shape):
     assert len(block_layout_copies(adopted)) == (1 if shape[1] == 512 else 2)
 
 
+def test_block_layout_refresh_updates_every_adopted_weights_layouts_at_once():
+    """BlockLayoutRefresh: the layouts of several adopted weights whose scales are views of one vector (the FP8
+    parameter gather's) are moved into one buffer and, after new scales are written into the vector, equal
+    those made afresh from them; a layout that is the scale itself (4 scale columns) stays the scale."""
+    from infir.fp8.gemm import scaled_mm_scale
+    from infir.fp8.quantize import QTensor
+    from infir.fp8.weight_cache import BlockLayoutRefresh
+
+    recipe = get_recipe("fp8_blockwise_ue8m0")
+    shapes = [(256, 512), (384, 640), (130, 300)]
+    qs = [WeightCache().get(torch.randn(*shape), recipe) for shape in shapes]
+    scales = torch.cat([q.scale.reshape(-1) for q in qs])
+    caches, at = [], 0
+    for shape, q in zip(shapes, qs):
+        cache = WeightCache()
+        cache.adopt(torch.zeros(shape), recipe, q.data, scales[at:at + q.scale.numel()].view(q.scale.shape))
+        caches.append(cache)
+        at += q.scale.numel()
+    adopted = [c.q for c in caches]
+    refresh = BlockLayoutRefresh(adopted, scales)
+    assert scaled_mm_scale(adopted[0]).untyped_storage().data_ptr() == scales.untyped_storage().data_ptr()
+    scales.copy_(torch.rand_like(scales) + 0.5)  # the next step's scales
+    refresh()
+    for q in adopted:
+        fresh = QTensor(q.data, q.scale.clone(), "block", recipe.weight.scale_format, recipe.weight.fmt)
+        for transposed in (False, True):
+            assert torch.equal(scaled_mm_scale(q, transposed), scaled_mm_scale(fresh, transposed)), (q.data.shape, transposed)
+
+
 def test_weight_refresh_replays_its_graph_only_where_every_weight_is_stale(monkeypatch):
     """The graph re-quantizes every weight from its parameter; a weight already fresh (its FP8 bytes adopted from
     the FP8 parameter gather, whose parameter holds only this rank's share up to date) must not be overwritten:
