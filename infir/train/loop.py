@@ -30,6 +30,7 @@ from infir.train.flops import flops_per_token, peak_tflops
 from infir.train.gc_control import StepGC
 from infir.train import precision
 from infir.train.config import ConfigError
+from infir.train.embedding_rows import DeferredRows, defers_rows, separate_bucket
 from infir.train.metrics import RunLogger, format_duration, format_si
 from infir.train.optimizer import (DataParallelOptimizer, bf16_param_gather, fp8_param_gather, overlap_gathers_with_forward,
                                   sharded_optimizer)
@@ -131,6 +132,8 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
         graphed = bool(options.get("triton.cudagraphs"))  # validate needs it
     if cfg.optimizer.grad_release:
         return NoDataParallel(model), graphed
+    if defers_rows(model, cfg.optimizer, info.dp * info.cp, rank_tokens(cfg.stage, info)):
+        separate_bucket(model)
     from megatron.core.distributed import DistributedDataParallel
 
     return DistributedDataParallel(tcfg, ddp_config(cfg.optimizer, info), model), graphed
@@ -188,6 +191,11 @@ def build_optimizer(cfg, ddp, params: list[torch.nn.Parameter]) -> DataParallelO
         return optim.build_optimizer(oc.name, groups, lr=st.lr, betas=tuple(oc.betas), eps=oc.eps, **oc.kwargs)
 
     return DataParallelOptimizer(ddp, params, build, st.weight_decay)
+
+
+def rank_tokens(stage, info) -> int:
+    """Tokens of one micro-batch on one rank (its share of the sequence under context parallelism)."""
+    return stage.micro_batch * stage.seq_length // info.cp
 
 
 def grad_accumulation(stage, info) -> int:
@@ -263,18 +271,7 @@ class Trainer:
         self.health.attach(self.model.module)
         self.gc = StepGC(cfg.train.gc_interval)
         self.optimizer = build_optimizer(cfg, self.model, self.params)
-        if cfg.optimizer.grad_release:
-            if info.world_size != 1 or self.accum != 1:
-                raise ConfigError(f"optimizer.grad_release=true steps each parameter inside one backward on one rank; this "
-                                  f"run has {info.world_size} rank(s) and {self.accum} micro-batch(es) a step: launch one "
-                                  f"process with stage.global_batch = stage.micro_batch, or set optimizer.grad_release=false")
-            self.optimizer.release_grads(self.model)
-        if self.optimizer.sharded:
-            overlap_gathers_with_forward(self.model.module, self.optimizer)
-        fp8, bf16 = (fp8_param_gather(cfg.optimizer, self.recipe, self.optimizer.sharded),
-                     bf16_param_gather(self.recipe, self.optimizer.sharded))
-        if fp8 or bf16:
-            self.optimizer.narrow_gathers(self.model.module, fp8=fp8, bf16=bf16)
+        self._wire_gradients_and_gathers(cfg, info)
 
         # Data and the length of the run.
         self.train_ds, self.valid_ds = data.build_data(cfg, info, self.size.vocab)
@@ -293,6 +290,27 @@ class Trainer:
         self.step, self.skipped = self._start()
         self.skips_in_a_row = 0  # steps skipped since the last good one (train.max_skips); not carried across launches
         self._stop_signal = None
+
+    def _wire_gradients_and_gathers(self, cfg, info) -> None:
+        """How gradients reach the optimizer and parameters the forward: released inside the backward
+        (optimizer.grad_release), the embedding's last rows after the reduction (embedding_rows.py), the sharded
+        optimizer's gathers one bucket ahead of the forward, in FP8 or BF16 where they can be."""
+        grad_ranks = info.dp * info.cp
+        self.embedding_rows = (DeferredRows(self.model, self._dp_group(), grad_ranks)
+                               if defers_rows(self.model.module, cfg.optimizer, grad_ranks, rank_tokens(cfg.stage, info))
+                               else None)
+        if cfg.optimizer.grad_release:
+            if info.world_size != 1 or self.accum != 1:
+                raise ConfigError(f"optimizer.grad_release=true steps each parameter inside one backward on one rank; this "
+                                  f"run has {info.world_size} rank(s) and {self.accum} micro-batch(es) a step: launch one "
+                                  f"process with stage.global_batch = stage.micro_batch, or set optimizer.grad_release=false")
+            self.optimizer.release_grads(self.model)
+        if self.optimizer.sharded:
+            overlap_gathers_with_forward(self.model.module, self.optimizer)
+        fp8, bf16 = (fp8_param_gather(cfg.optimizer, self.recipe, self.optimizer.sharded),
+                     bf16_param_gather(self.recipe, self.optimizer.sharded))
+        if fp8 or bf16:
+            self.optimizer.narrow_gathers(self.model.module, fp8=fp8, bf16=bf16)
 
     def _start(self) -> tuple[int, int]:
         """(step, skipped steps) to start at: a checkpoint of this run dir resumes it, and wins over
@@ -394,20 +412,28 @@ class Trainer:
         counted = dist.all_reduce(count, group=self._dp_group(gloo=True), async_op=True)
         self.model.zero_grad_buffer()
         loss_sum = torch.zeros((), device=self.device)
+        rows = self.embedding_rows
         for i, mb in enumerate(micro_batches):
             # DDP reduces each bucket as the last micro-batch's backward completes it
-            sync = contextlib.nullcontext() if i == len(micro_batches) - 1 else self.model.no_sync()
+            last = i == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last else self.model.no_sync()
             with sync:
+                if last and rows is not None:
+                    rows.before_last_forward()
                 loss = self._forward(mb)
                 if i == 0:
                     counted.wait()
                     n_tokens = max(float(count), 1.0)
+                if last and rows is not None:
+                    rows.before_last_backward()
                 # megatron DDP averages gradients over the DP x CP ranks; undo that share of the mean here.
                 (loss * (self.info.dp * self.info.cp / n_tokens)).backward()
             loss_sum += loss.detach()
         from megatron.core.distributed import finalize_model_grads
 
         finalize_model_grads([self.model])  # DP x CP all-reduce, plus TP all-reduce of sequence-parallel norm grads
+        if rows is not None:
+            rows.after_reduction()
         dist.all_reduce(loss_sum, group=self._dp_group())
         return (loss_sum / n_tokens).double()  # the FP32 mean, exact in FP64
 

@@ -266,7 +266,9 @@ def check_embedding_rows_into_main_grad(tp: int, sequence_parallel: bool, tied: 
     """Every parameter's main_grad after two accumulated micro-batches of few distinct tokens (each table row
     summed from many positions, on both halves of a TP=2 vocabulary), with DDP's overlapped reduce: the lookup
     that adds its rows into main_grad and the chunked LM head that adds its gradient there, against torch's
-    embedding backward and megatron's logits + cross-entropy path."""
+    embedding backward and megatron's logits + cross-entropy path. Deferred: the last micro-batch's rows
+    held back from the table's gradient, reduced in a bucket of its own (distributed optimizer), then added."""
+    from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.tensor_parallel.layers import VocabParallelEmbedding
 
@@ -278,28 +280,41 @@ def check_embedding_rows_into_main_grad(tp: int, sequence_parallel: bool, tied: 
     tokens = pool[torch.randint(0, len(pool), (2, b, s + 1), generator=g)]
     positions = torch.arange(s).expand(b, s)
 
-    def main_grads(lookup: type, chunked: bool) -> dict[str, torch.Tensor]:
+    def main_grads(lookup: type, chunked: bool, deferred: bool = False) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
         model, _ = build_infir_gpt(tp, sequence_parallel, s, tied=tied)
         model.chunked_loss = chunked
         emb = model.embedding.word_embeddings
         assert type(emb) is MainGradEmbedding and emb.tied == tied
         emb.__class__ = lookup
-        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=True), model)
+        emb.weight.shared_embedding = deferred  # megatron's bucket of its own, under the distributed optimizer
+        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=True, use_distributed_optimizer=deferred), model)
+        if deferred:
+            assert ddp.param_to_bucket_group[emb.weight].params == {emb.weight}
         ddp.zero_grad_buffer()
         for i in range(2):
             with ddp.no_sync() if i == 0 else contextlib.nullcontext():
-                ddp(tokens[i, :, :-1], positions, None, labels=tokens[i, :, 1:]).float().sum().backward()
+                if deferred and i == 1:
+                    emb.defer_rows()
+                out = ddp(tokens[i, :, :-1], positions, None, labels=tokens[i, :, 1:]).float().sum()
+                if deferred and i == 1 and not tied:
+                    ddp.param_to_bucket_group[emb.weight].register_grad_ready(emb.weight)
+                out.backward()
         ddp.finish_grad_sync()
+        if deferred:
+            assert emb.deferred and emb._anchor.grad is None  # the rows held back; the anchor takes no gradient
+            emb.add_deferred_rows(ps.get_data_parallel_group(with_context_parallel=True), 1.0)
         # the placeholders the lookup and the chunked head hand autograd are dropped by DDP's hook
         head = model.output_layer.weight  # None where tied to the embedding
         assert emb.weight.grad is None and (head is None or head.grad is None)
         return {n: p.main_grad.clone() for n, p in model.named_parameters()}
 
-    ours, ref = main_grads(MainGradEmbedding, chunked=True), main_grads(VocabParallelEmbedding, chunked=False)
+    ref = main_grads(VocabParallelEmbedding, chunked=False)
     assert ref["embedding.word_embeddings.weight"].abs().sum() > 0
-    for name in ref:
-        assert rel_err(ours[name], ref[name]) < FP32_GRAD_RTOL, (name, rel_err(ours[name], ref[name]))
+    for ours in (main_grads(MainGradEmbedding, chunked=True), main_grads(MainGradEmbedding, chunked=True, deferred=True)):
+        for name in ref:
+            assert rel_err(ours[name], ref[name]) < FP32_GRAD_RTOL, (name, rel_err(ours[name], ref[name]))
 
 
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
