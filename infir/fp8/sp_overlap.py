@@ -10,9 +10,11 @@ waits for the other and the step pays every TP collective in full. Split by rank
   exchanges are in flight, and each other rank's rows are multiplied as they land.
 - `mm_reduce_scatter`: the partial product of the rows rank r+k owns is made and sent to it while the
   next one is made; the own rows' partial comes last, and the partials received are added to it.
-Each exchange is one batch of sends and receives (NCCL's grouped point-to-point), so one rank's rows can
-be used as soon as they land, which a single all-gather (one completion for all ranks) does not give
-at W > 2. At W = 2 the bytes on the wire are those of the collective, and the sum is the same.
+Each exchange is an all-to-all in which every rank sends to one rank and receives from one (NCCL runs it
+as one grouped send and receive), so one rank's rows can be used as soon as they land, which a single
+all-gather (one completion for all ranks) does not give at W > 2. At W = 2 the bytes on the wire are those
+of the collective, and the sum is the same. An all-to-all rather than torch's point-to-point calls: a
+collective is what CUDA graph capture takes (the compiled FP8 layers replay graphs).
 
 Why not torch's async TP (symmetric memory, copy engines): on an H200 at 7B TP=2 its fused ops ran
 slower than NCCL and the GEMM one after the other (bench/async_tp.py).
@@ -43,6 +45,19 @@ def _wire_form(t: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return t.contiguous(), False
 
 
+def _shift(t: torch.Tensor, dst: int, src: int, world: int, group: str) -> torch.Tensor:
+    """Started: an all-to-all in which this rank's contiguous `t` goes to rank dst and rank src's (same shape
+    and dtype) comes back, as rows of bytes (collectives have no FP8 type); `_landed` makes it `t`'s kind."""
+    n = t.shape[0]
+    send = [n if j == dst else 0 for j in range(world)]
+    recv = [n if j == src else 0 for j in range(world)]
+    return torch.ops._c10d_functional.all_to_all_single(t.reshape(n, -1).view(torch.uint8), recv, send, group)
+
+
+def _landed(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return torch.ops._c10d_functional.wait_tensor(out).view(like.dtype).view(like.shape)
+
+
 class Exchange:
     """Every other rank's copy of `tensors` (same shapes and dtypes on every rank), in flight: exchange k
     (1..W-1) sends this rank's to rank r+k and receives rank r-k's. `arrivals` yields (source rank,
@@ -56,16 +71,13 @@ class Exchange:
         self.pending = []
         for k in range(1, self.world):
             dst, src = (self.rank + k) % self.world, (self.rank - k) % self.world
-            bufs = [torch.empty_like(w) for w, _ in wires]
-            ops = [dist.P2POp(dist.isend, w, group=pg, group_peer=dst) for w, _ in wires]
-            ops += [dist.P2POp(dist.irecv, b, group=pg, group_peer=src) for b in bufs]
-            self.pending.append((src, bufs, dist.batch_isend_irecv(ops)))
+            self.pending.append((src, [_shift(w, dst, src, self.world, group) for w, _ in wires]))
+        self.wires = [w for w, _ in wires]
 
     def arrivals(self):
-        for src, bufs, works in self.pending:
-            for work in works:
-                work.wait()
-            yield src, [b.t() if flip else b for b, flip in zip(bufs, self.flips)]
+        for src, outs in self.pending:
+            outs = [_landed(o, w) for o, w in zip(outs, self.wires)]
+            yield src, [o.t() if flip else o for o, flip in zip(outs, self.flips)]
 
 
 def gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequence[torch.Tensor]], None],
@@ -92,15 +104,10 @@ def mm_reduce_scatter(mm: Callable[[int], torch.Tensor], group: str) -> torch.Te
     for k in range(1, world):
         dst, src = (rank + k) % world, (rank - k) % world
         part = mm(dst)
-        buf = torch.empty_like(part)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, part, group=pg, group_peer=dst),
-                                        dist.P2POp(dist.irecv, buf, group=pg, group_peer=src)])
-        pending.append((buf, works))
+        pending.append((_shift(part, dst, src, world, group), part))
     out = mm(rank)
-    for buf, works in pending:
-        for work in works:
-            work.wait()
-        out += buf
+    for sent, part in pending:
+        out += _landed(sent, part)
     return out
 
 

@@ -22,7 +22,7 @@ def _gather_worker(recipe: str, *device: str, nproc: int = 2):
             assert c["y"] < 1e-6 and c["dw"] < 1e-6 and c["dx"] < 1e-6, (case, r)
             assert c["compiled_equal"] == [True, True, True], (case, r)
         # FP8 bytes and their FP32 scales, never the BF16/FP32 activation itself (the overlapped paths move
-        # theirs by point-to-point exchanges inside their ops, which this recording does not see)
+        # theirs by all-to-all exchanges inside their ops, which this recording does not see)
         c = r["column"]
         assert any("float8" in d for d in c["gathered"]) and set(c["gathered"]) <= {
             "torch.float8_e4m3fn", "torch.float8_e5m2", "torch.float32"}, r
