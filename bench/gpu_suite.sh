@@ -38,6 +38,10 @@
 #   bash bench/gpu_suite.sh step-7b-tp2    bench/step.py under torchrun, two GPUs: 7B at TP=2, BF16 vs FP8 (with and
 #                                          without CUDA graphs), with and without sequence parallelism (+ profile;
 #                                          rank 1's own timings and profile in step_7b_tp2.rank1.log)
+#   bash bench/gpu_suite.sh tp-overlap     bench/step.py under torchrun: 7B at 8k with TP=2 (two GPUs; with four, also 32k
+#                                          with TP=4), no recomputation, BF16 and FP8 with megatron's order of SP
+#                                          collective then GEMM vs parallel.tp_comm_overlap=true (collectives split per
+#                                          rank around their GEMMs) (+ profile: exposed communication; TRACE=1: timelines)
 #   bash bench/gpu_suite.sh async-tp       bench/async_tp.py under torchrun, two GPUs: 7B's four GEMMs of a layer at TP=2,
 #                                          the NCCL collective then the GEMM vs symmetric-memory async TP, BF16 and FP8
 #   bash bench/gpu_suite.sh save-stall     bench/save_stall.py under torchrun, two GPUs: how long a 7B TP=2 step stalls
@@ -210,6 +214,16 @@ for stage in "$@"; do
           stage.iters=40 stage.seq_length=2048 stage.global_batch=8 stage.micro_batch=2 stage.lr=3e-4 stage.min_lr=3e-5 \
           train.eval_interval=0 train.log_interval=1
       done ;;
+    tp-overlap)
+      N=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      OV=parallel.tp_comm_overlap=true
+      CASES=(qwen2.5-7b:none:bf16 "qwen2.5-7b:none:bf16+$OV" qwen2.5-7b:none:fp8_blockwise_ue8m0 "qwen2.5-7b:none:fp8_blockwise_ue8m0+$OV")
+      run step_7b_8k_tp2_overlap python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
+        --seq 8192 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/step_7b_8k_tp2_overlap.md" \
+        ${TRACE:+--trace "$OUT/trace_7b_8k_tp2_overlap"} --cases "${CASES[@]}"
+      [ "$N" -ge 4 ] && run step_7b_32k_tp4_overlap python3 -m torch.distributed.run --standalone --nproc_per_node 4 \
+        bench/step.py --parallel tp4 --seq 32768 --mbs 1 --steps 3 --accum 2 --profile \
+        --out "$OUT/step_7b_32k_tp4_overlap.md" --cases "${CASES[@]}" ;;
     async-tp)
       run async_tp_7b python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/async_tp.py --model qwen2.5-7b \
         --tokens 4096 --out "$OUT/async_tp_7b.md" ;;
@@ -233,7 +247,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check async-tp save-stall memory-32k phases gen-speed parity dp-scaling scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b-32k-packed table6-1.5b-tp2 memory-32k table6-7b-tp2 table6-4gpu dp-scaling step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check tp-overlap async-tp save-stall phases gen-speed parity scaling" >&2; exit 2 ;;
   esac
 done
 exit $status
