@@ -23,6 +23,6 @@ from .dispatch import quantize, quantize_pair  # noqa: E402
 
 __all__ = [
     "LOCAL", "AutoScaler", "Fp8Linear", "Fp8LinearFunction", "Fp8SwiGLUOutput", "LinearSpec", "Local", "OperandFormat",
-    "QTensor", "RECIPES", "Recipe", "SequenceParallel", "SequenceParallelOutput", "WeightCache", "dequantize", "fp8_gemm", "fp8_linear",
-    "get_recipe", "linear", "quant_stats", "quantization_snr_db", "quantize", "quantize_pair", "tensors_of",
+    "QTensor", "RECIPES", "Recipe", "SequenceParallel", "SequenceParallelOutput", "WeightCache", "dequantize", "fp8_gemm",
+    "fp8_linear", "get_recipe", "linear", "quant_stats", "quantization_snr_db", "quantize", "quantize_pair", "tensors_of",
 ]

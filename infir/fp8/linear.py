@@ -12,7 +12,8 @@ layouts), because a compiled graph cannot hold the cache's bookkeeping.
 One Function serves every caller: eager code, compiled layers (its quantizers and GEMMs are opaque
 graph ops, ops.py, so dynamo keeps a layer as one graph; launched from Python between graph breaks, a
 compiled 1.5B FP8 step waited on the host), any parallelism (a comm.py strategy moves the operands:
-nothing, or the sequence-parallel FP8 all-gather and reduce-scatter, split per rank around the GEMMs), and megatron's FP32 `main_grad` (wgrad adds into it).
+nothing, or the sequence-parallel FP8 all-gather and reduce-scatter, split per rank around the GEMMs), and
+megatron's FP32 `main_grad` (wgrad adds into it).
 What a call computes is one frozen `LinearSpec`; what backward needs besides tensors, one frozen `_Saved`.
 
 SwiGLU epilogue (a gated FC1 whose output goes through SwiGLU): h = X W^T is saved in FP8 for SwiGLU's

@@ -144,8 +144,8 @@ class BlockLayoutRefresh:
     scales change in place, all weights in one gather and one scatter. The scales must be views of one 1-D
     tensor `scales`; the layouts that are copies (transposed or column-padded: gemm.block_layout_copies) are
     moved here into one buffer. Why: as a copy per layout, each a strided one that torch's foreach copy runs
-    as its own kernel, a 7B step's 138 copies took the host longer to issue than the GPU to run, between the
-    optimizer step and the first forward."""
+    as its own kernel, the host took longer to issue them than the GPU to run them, between the optimizer step
+    and the first forward."""
 
     def __init__(self, qs: list, scales: torch.Tensor):
         self.scales = scales

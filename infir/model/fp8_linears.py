@@ -85,7 +85,8 @@ class Fp8ColumnLinear(Fp8Projection, ColumnLinear):
         self.sp_comm = SequenceParallel(tp.group_name, world, self.config.tp_comm_overlap) if world > 1 else None
 
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
-        if sequence_parallel and self.sp_comm is not None and SequenceParallel.takes(self.recipe.input.granularity, input.numel() // input.shape[-1]):
+        tokens = input.numel() // input.shape[-1]
+        if sequence_parallel and self.sp_comm is not None and SequenceParallel.takes(self.recipe.input.granularity, tokens):
             return self.fp8_matmul(input, weight, bias, self.sp_comm)
         x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
         return self.fp8_matmul(x, weight, bias)
