@@ -311,9 +311,11 @@ def pick_source(sources: list[Measured], model: str, seq: int, layout: Layout, c
     """The measured step to take compute from: one of the same recompute, case (what a GPU computes) and compute
     path, of whole micro-batches, profiled where it ran on several GPUs (to take its communication out), and
     with exclude_own not this model, length and layout; then, in order, on `device` (a fragment of its name),
-    of the same model (else the nearest in size), of the nearest length, without data parallelism, on one GPU,
-    with the trainer's default data parallelism (no DP-only overrides: what project prices, and what the
-    measured contention describes), profiled, newest. Another model's step, priced by its counts, misses most
+    of the same model (else the nearest in size), for FP8 cases one whose profile times the weight quantizers
+    apart (older profiles count them with the per-token quantizers: priced at another length or number of
+    micro-batches, work done per weight would scale with tokens), of the nearest length, without data
+    parallelism, on one GPU, with the trainer's default data parallelism (no DP-only overrides: what project
+    prices, and what the measured contention describes), profiled, newest. Another model's step, priced by its counts, misses most
     (see validate), so the model comes right after the device."""
     pool = [s for s in sources if s.layout.recompute == layout.recompute and s.case == case and s.micro_batches
             and (s.shares or s.layout.gpus == 1) and compute_path(s.layout) == compute_path(layout)
@@ -321,9 +323,16 @@ def pick_source(sources: list[Measured], model: str, seq: int, layout: Layout, c
     pool.sort(key=lambda s: s.run.env.get("date", ""), reverse=True)  # ties go to the newest
     params = get_size(model).num_params()
     return min(pool, key=lambda s: (device not in s.device, abs(math.log(get_size(s.row["model"]).num_params() / params)),
+                                    weight_quant_in_token_work(s),
                                     abs(math.log(s.row["seq"] / seq)), s.layout.grad_ranks > 1, s.layout.gpus > 1,
                                     any(o.startswith(DP_ONLY) for o in overrides(s.row["precision"])),
                                     s.shares is None), default=None)
+
+
+def weight_quant_in_token_work(s: Measured) -> bool:
+    """An FP8 step with no profile, or one with no class of its own for the weight quantizers (bench/step.py's
+    classify): its weight quantization would be priced with the work that scales with tokens."""
+    return recipe_of(s.row["precision"]).fp8 and "weight quantize" not in (s.shares or {})
 
 
 def contention_pairs(records: list[Measured], nets: dict) -> list[tuple[Measured, Measured, float]]:

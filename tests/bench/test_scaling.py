@@ -276,6 +276,24 @@ def test_a_case_is_what_a_gpu_computes():
     assert scaling.case_of("bf16+optimizer=flash_adamw") == "bf16+optimizer=flash_adamw"
 
 
+def test_an_fp8_step_is_priced_from_a_profile_that_times_its_weight_quantizers_apart():
+    """A profile that counts the FP8 weights' quantizers with the per-token ones would price them per token at
+    another length: an FP8 case takes a source that times them apart before one of a nearer length; BF16,
+    which quantizes no weights, keeps the nearest length."""
+    run = Run("step", Path("x"), {"device": "H100", "date": "2026-01-01 10:00"}, [], [])
+
+    def source(precision: str, seq: int, shares: dict) -> scaling.Measured:
+        row = {"model": MODEL, "precision": precision, "seq": seq, "mbs": 1, "accum": 2, "recompute": "none",
+               "step_ms": 500.0, "tokens/s": round(2 * seq / 0.5)}
+        return scaling.Measured(run, row, Layout(), precision, shares)
+
+    old = {**SHARES, "quantize": 0.05}
+    new = {**old, "weight quantize": 0.01}
+    for precision, want in (("fp8_blockwise_ue8m0", 8192), ("bf16", SEQ)):
+        pool = [source(precision, SEQ, old), source(precision, 8192, new)]
+        assert scaling.pick_source(pool, MODEL, SEQ, Layout(), precision, "H100").row["seq"] == want
+
+
 def test_bandwidth_rows_follow_nccl_tests():
     row = scaling.bandwidth_row("all_reduce", 4, 2**30, 0.01)
     assert row["algbw_GB/s"] == pytest.approx(2**30 / 0.01 / 1e9)
