@@ -70,6 +70,14 @@ def _results(root: Path) -> Path:
     return root
 
 
+def test_a_table_has_every_rows_columns_when_the_first_row_failed():
+    rows = [{"precision": "bf16", "step_ms": "OOM", "left_allocated_GiB": 56.9},
+            {"precision": "fp8_blockwise_ue8m0", "step_ms": 7860.0, "tokens/s": 8335}]
+    header, _, first, second = markdown_table(rows).splitlines()
+    assert header == "| precision | step_ms | left_allocated_GiB | tokens/s |"
+    assert first == "| bf16 | OOM | 56.9 |  |" and second == "| fp8_blockwise_ue8m0 | 7.86e+03 |  | 8335 |"
+
+
 def test_page_takes_each_row_from_its_newest_run(tmp_path):
     page = report.render(_results(tmp_path / "results"), tmp_path / "BENCHMARKS.md")
     lines = page.splitlines()
