@@ -47,8 +47,8 @@ def launch_settings() -> str:
 def markdown_table(rows: list[dict], columns: list[str] | None = None) -> str:
     if not rows:
         return "(no rows)"
-    columns = columns or list(dict.fromkeys(k for r in rows for k in r))  # every row's, first seen first: a first row
-    # that failed (OOM) holds fewer figures than those after it
+    # every row's columns, first seen first: a case that failed (OOM) holds fewer figures than those after it
+    columns = columns or list(dict.fromkeys(k for r in rows for k in r))
     fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else str(v)
     out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     out += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]

@@ -315,8 +315,8 @@ def pick_source(sources: list[Measured], model: str, seq: int, layout: Layout, c
     apart (older profiles count them with the per-token quantizers: priced at another length or number of
     micro-batches, work done per weight would scale with tokens), of the nearest length, without data
     parallelism, on one GPU, with the trainer's default data parallelism (no DP-only overrides: what project
-    prices, and what the measured contention describes), profiled, newest. Another model's step, priced by its counts, misses most
-    (see validate), so the model comes right after the device."""
+    prices, and what the measured contention describes), profiled, newest. Another model's step, priced by its
+    counts, misses most (see validate), so the model comes right after the device."""
     pool = [s for s in sources if s.layout.recompute == layout.recompute and s.case == case and s.micro_batches
             and (s.shares or s.layout.gpus == 1) and compute_path(s.layout) == compute_path(layout)
             and not (exclude_own and (s.row["model"], s.row["seq"], s.layout) == (model, seq, layout))]
