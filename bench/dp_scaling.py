@@ -25,6 +25,7 @@ import re
 from pathlib import Path
 
 from _common import base_parser, emit, markdown_table
+from peak_memory import held_peak_GiB
 
 
 def _table(result: dict, first_column: str) -> list[dict]:
@@ -81,7 +82,7 @@ def scaling_rows(one: dict, many: list[dict], beside: list[dict] = ()) -> list[d
                          "% of DP=1": 100 * per_gpu / b["tokens/s"],
                          **({"% of DP=1 beside": 100 * per_gpu / _slowest_tokens(together, _key(r))} if together else {}),
                          "exposed comm % of GPU time": _profiled(result, r, "exposed communication"),
-                         "peak GiB": r.get("peak_mem_GiB"), "DP=1 peak GiB": b.get("peak_mem_GiB"),
+                         "peak GiB held": held_peak_GiB(r), "DP=1 peak GiB held": held_peak_GiB(b),
                          "param gather MiB per rank": r.get("param_gather_MiB"),
                          "all-gather % of GPU time": _profiled(result, r, "all-gather")})
     return rows

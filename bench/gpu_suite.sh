@@ -30,6 +30,8 @@
 #   bash bench/gpu_suite.sh step-1.5b      bench/step.py: 1.5B, seq 4096, BF16 vs every FP8 recipe (+ profile)
 #                                          and vs the HF transformers peers (BF16, torchao float8 tensorwise)
 #   bash bench/gpu_suite.sh step-1.5b-8k   bench/step.py: 1.5B, seq 8192, BF16 vs fp8_blockwise_ue8m0
+#   bash bench/gpu_suite.sh step-1.5b-32k  bench/step.py: 1.5B, one row of 32k tokens per micro-batch, no recomputation
+#                                          (141 GB hold BF16's activations), BF16 vs fp8_blockwise_ue8m0 (+ profile)
 #   bash bench/gpu_suite.sh step-0.5b      bench/step.py: 0.5B at seq 4096 and 8192, recompute off/selective
 #   bash bench/gpu_suite.sh step-0.5b-graphs  bench/step.py: 0.5B, seq 4096, BF16 vs FP8, both with and without
 #                                          CUDA graphs (FP8's default, model.compile_mode=auto, takes them) (+ profile)
@@ -187,6 +189,9 @@ for stage in "$@"; do
     step-1.5b-8k)
       run step_1.5b_8k python3 bench/step.py --seq 8192 --steps 3 --accum "$ACCUM" --out "$OUT/step_1.5b_8k.md" \
         --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 ;;
+    step-1.5b-32k)
+      run step_1.5b_32k_norecompute python3 bench/step.py --seq 32768 --mbs 1 --steps 3 --accum 2 --profile \
+        --out "$OUT/step_1.5b_32k_norecompute.md" --cases qwen2.5-1.5b:none:bf16 qwen2.5-1.5b:none:fp8_blockwise_ue8m0 ;;
     step-0.5b)
       run step_0.5b python3 bench/step.py --models qwen2.5-0.5b --seq 4096 8192 --steps 3 --accum "$ACCUM" --profile \
         --recompute none selective --precision bf16 fp8_blockwise_ue8m0 --out "$OUT/step_0.5b.md" ;;

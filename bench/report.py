@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from peak_memory import graphs_by_default, held_peak_GiB
+
 REPO = Path(__file__).resolve().parents[1]
 
 METHOD = """\
@@ -36,8 +38,10 @@ per-layer torch.compile, the chunked LM-head loss) on synthetic tokens. It runs 
 (compilation, autotuning), then times whole optimizer steps (every micro-batch of the gradient accumulation, \
 the optimizer and, for FP8, the weights' re-quantization), each from its start to a device synchronize, and \
 reports the median. Tokens/s counts every token of the step; TFLOP/s and MFU are per GPU, from the model's \
-FLOPs per token, MFU over the dense BF16 peak named in bench/step.py (`SPEC_PEAK`). Peak memory is torch's \
-peak allocated memory over the case. Every ratio compares two cases of one run, on one machine. The HF peers \
+FLOPs per token, MFU over the dense BF16 peak named in bench/step.py (`SPEC_PEAK`). Peak memory is the most \
+torch's caching allocator held over the case (`max_memory_reserved`), which counts the CUDA-graphed layers' \
+memory pool; runs that recorded only the peak of allocated tensors show it where no graphs ran (lower by the \
+allocator's slack) and nothing where they did, since graph replays use their pool without allocating. Every ratio compares two cases of one run, on one machine. The HF peers \
 are the same model in HF transformers trained the same way (per-layer torch.compile, BF16 autocast, fused \
 AdamW, SDPA attention): in BF16, and with torchao's float8 training (tensorwise scales) on the block linears."""
 
@@ -167,9 +171,15 @@ def step_table(entries: list[tuple[Run, dict]], label) -> list[str]:
         mfu = row.get("MFU(spec)")
         rows.append([row["seq"], row["recompute"], row["precision"], row["step_ms"], row.get("tokens/s"),
                      row.get("TFLOP/s"), row.get("TFLOP/s (Megatron-LM count)"), f"{100 * mfu:.1f}%" if is_number(mfu) else None,
-                     ratio.get("speedup vs bf16"), ratio.get("% of ceiling"), ratio.get("memory vs bf16"),
-                     row.get("peak_mem_GiB"), label(run)])
+                     ratio.get("speedup vs bf16"), ratio.get("% of ceiling"), memory_ratio(row, ratio),
+                     held_peak_GiB(row), label(run)])
     return table(STEP_COLUMNS, rows)
+
+
+def memory_ratio(row: dict, ratio: dict) -> float | None:
+    """The run's FP8-vs-BF16 memory ratio, where the row's own peak is known (peak_memory.py): a result's
+    ratio is of held peaks where it recorded them, else of allocated ones, which miss graph pools."""
+    return ratio.get("memory vs bf16") if held_peak_GiB(row) is not None else None
 
 
 def peer_table(entries: list[tuple[Run, dict]], label) -> list[str]:
@@ -277,14 +287,24 @@ DP_COLUMNS = ["model", "seq", "accum", "DP", "case", "tokens/s per GPU", "% of D
               "peak GiB", "DP=1 peak GiB", "param gather MiB per rank"]
 
 
+def dp_row(printed: dict) -> list:
+    """A DP table row's DP_COLUMNS: peaks as held (peak_memory.py), from tables that printed them so, else the
+    allocated peaks of cases without CUDA graphs."""
+    row = {c: printed.get(c, "") for c in DP_COLUMNS}
+    for column in ("peak GiB", "DP=1 peak GiB"):
+        held = printed.get(f"{column} held")
+        graphed = graphs_by_default(str(printed.get("case", "")), "none")  # DP runs time no recomputation
+        row[column] = held if held is not None else "" if graphed else printed.get(column, "")
+    return list(row.values())
+
+
 def dp_section(runs: list[Run], page_dir: Path) -> tuple[list[str], list[Run]]:
     """One table of the data-parallel runs: for each micro-batch count, the newest run of each DP size."""
     shown = [r for kind in DP_KINDS for r in newest_per_size([r for r in runs if r.kind == kind])]
     if not shown:
         return [], []
     labels = {id(r): chr(ord("a") + i) for i, r in enumerate(shown)}
-    rows = [[*(dict(zip(r.tables[0]["columns"], p)).get(c, "") for c in DP_COLUMNS), labels[id(r)]]
-            for r in shown for p in r.tables[0]["printed"]]
+    rows = [[*dp_row(dict(zip(r.tables[0]["columns"], p))), labels[id(r)]] for r in shown for p in r.tables[0]["printed"]]
     out = ["## Data-parallel scaling: tokens/s per GPU against one GPU (bench/dp_scaling.py)", "",
            *table([*DP_COLUMNS, "run"], rows), "", "Runs (each row's `run`):", ""]
     for r in shown:

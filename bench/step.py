@@ -398,7 +398,8 @@ def meet_beside(timeout_s: float = 900.0) -> None:
 def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, gpus: int = 1) -> dict:
     """step(i) three times to warm up (compile, autotune), then `steps` timed: the throughput
     columns (from the median step time; TFLOP/s and MFU per GPU of the `gpus` sharing the step), and
-    the peak memory since the caller reset it."""
+    the peak memory since the caller reset it: of allocated tensors, and held by the caching allocator (reserved,
+    which alone counts CUDA graphs' memory pools: graph replays write there without allocating)."""
     for i in range(3):
         step(i)
     torch.cuda.synchronize()
@@ -426,7 +427,8 @@ def time_steps(step, steps: int, tokens_per_step: int, flops_per_token: float, g
     tps = tokens_per_step / dt
     tflops = tps * flops_per_token / 1e12 / gpus
     return {"step_ms": dt * 1e3, "tokens/s": round(tps), "TFLOP/s": tflops, "MFU(spec)": tflops / SPEC_PEAK,
-            "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30}
+            "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30,
+            "peak_reserved_GiB": torch.cuda.max_memory_reserved() / 2**30}
 
 
 def run_hf_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precision: str, steps: int) -> dict:
@@ -443,9 +445,6 @@ def run_hf_case(model: str, seq: int, mbs: int, accum: int, recompute: str, prec
     peer = HfTrainer(size, precision, seq=seq, mbs=mbs, accum=accum, device="cuda")
     row = {"model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
            **time_steps(lambda i: peer.train_step(), steps, peer.tokens_per_step, flops_per_token(size, seq))}
-    del peer
-    gc.collect()
-    torch.cuda.empty_cache()
     return row
 
 
@@ -454,10 +453,16 @@ def memory_split(trainer) -> dict[str, float]:
     states, FP8 weight caches), what one micro-batch's forward leaves for its backward (saved
     activations), and the peak of that micro-batch's forward + backward. The next step zeroes the
     gradient buffers first, so this extra pass changes no result; under optimizer.grad_release its backward
-    also steps the parameters, as a step's does (the peak is then the release's), and no timing follows."""
-    mb = trainer._micro_batches(trainer.step)[0]
+    also steps the parameters, as a step's does (the peak is then the release's), and no timing follows.
+    Under CUDA-graphed layers the activations live in the graphs' memory pool, which replays write without
+    allocating: its size is given instead of the micro-batch's figures."""
     torch.cuda.synchronize()
     static = torch.cuda.memory_allocated()
+    if trainer.graphed:
+        pools = [seg["total_size"] for seg in torch.cuda.memory_snapshot()
+                 if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0)]  # private pools: the graphs'
+        return {"static_GiB": static / 2**30, "graph_pool_GiB": sum(pools) / 2**30}
+    mb = trainer._micro_batches(trainer.step)[0]
     torch.cuda.reset_peak_memory_stats()
     loss = trainer._forward(mb)
     torch.cuda.synchronize()
@@ -515,14 +520,17 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     with trainer.gc:
         timed = time_steps(step, steps, trainer.tokens_per_step, trainer.flops_per_token, trainer.info.world_size)
     row = {"model": model, "precision": precision, "seq": seq, "mbs": mbs, "accum": accum, "recompute": recompute,
-           **timed}
+           **timed, "cuda_graphs": trainer.graphed}
     tflops = row["TFLOP/s"]
     row["TFLOP/s (Megatron-LM count)"] = tflops * megatron_lm_flops_per_token(trainer.size, seq) / trainer.flops_per_token
     row.update(memory_split(trainer))
     if trainer.optimizer.sharded:  # what each rank sends in a step's parameter all-gathers
         row["param_gather_MiB"] = trainer.optimizer.gather_bytes / 2**20
-    for key in ("peak_mem_GiB", "static_GiB", "mb_peak_GiB"):
-        row[key] -= held / 2**30
+    # Net of the tensors an earlier case left allocated; what it left cached, unallocated, this case could reuse
+    # and counts as its own where it stays reserved
+    for key in ("peak_mem_GiB", "peak_reserved_GiB", "static_GiB", "mb_peak_GiB"):
+        if key in row:
+            row[key] -= held / 2**30
     if held > 2**28:
         row["held_before_GiB"] = held / 2**30
     ceiling = gemm_ceiling(trainer.size, tokens, tp)
@@ -539,10 +547,6 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
             r = fp8_gemm_speedup(trainer.size, tokens, tp)
             row.update({"f_block_gemm": f, "r_fp8_gemm": r, "fp8_ceiling": 1.0 / ((1 - f) + f / r)})
     trainer.close()  # its pending parameter gathers waited for: cases torn down with them left the parameter buffer allocated
-    del trainer
-    torch._dynamo.reset()  # also frees CUDA graph pools (compile_mode=reduce-overhead): the next case starts clean
-    gc.collect()
-    torch.cuda.empty_cache()
     return row
 
 
@@ -621,8 +625,12 @@ def main() -> None:
         except Exception as e:  # one failing case (OOM, a recipe bug) must not lose the others
             what = "OOM" if isinstance(e, torch.OutOfMemoryError) else f"error: {type(e).__name__}: {str(e)[:120]}"
             row = {"model": model, "precision": prec, "seq": seq, "recompute": rc, "step_ms": what}
-            gc.collect()
-            torch.cuda.empty_cache()
+        # Each case's memory is freed before the next: outside the handler, whose exception's traceback holds a failed
+        # case's frames (its trainer, whose reference cycles only a collection frees) until the handler ends;
+        # torch._dynamo.reset also frees the CUDA graphs' pools (compile_mode=reduce-overhead).
+        torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
         left = (torch.cuda.memory_allocated() - held) / 2**30
         if left > 0.25:  # the next case would start with less memory and report a higher peak
             row["left_allocated_GiB"] = left
@@ -648,7 +656,7 @@ def main() -> None:
                            "bf16 base": base["precision"],
                            "speedup vs bf16": speed, "Amdahl ceiling": ceiling if ceiling else "",
                            "% of ceiling": 100 * speed / ceiling if ceiling else "",
-                           "memory vs bf16": row["peak_mem_GiB"] / base["peak_mem_GiB"]})
+                           "memory vs bf16": row["peak_reserved_GiB"] / base["peak_reserved_GiB"]})
     if ratios:
         sections.append("FP8 vs BF16, same run:\n\n" + markdown_table(ratios))
     peers = [{"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "infir precision": r["precision"],

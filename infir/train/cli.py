@@ -58,6 +58,8 @@ def _exit_on_bad_config(check) -> None:
 
 
 def run(cfg) -> dict:
+    import torch
+
     from infir.train import config as validation
     from infir.train import dist as distributed
     from infir.train.checkpoint import CheckpointWriteError
@@ -81,10 +83,26 @@ def run(cfg) -> dict:
     except CheckpointWriteError as e:
         print(f"infir-train: {e}", file=sys.stderr, flush=True)
         raise SystemExit(4)
+    except torch.OutOfMemoryError as e:
+        print(f"infir-train: {out_of_memory(e, trainer)}", file=sys.stderr, flush=True)
+        raise SystemExit(5)
     finally:
         if trainer is not None:
             trainer.log.finish()
         distributed.shutdown()
+
+
+def out_of_memory(error: Exception, trainer) -> str:
+    """The one line for a GPU out-of-memory stop: where, what torch tried to allocate, and what frees memory."""
+    import re
+
+    tried = re.search(r"Tried to allocate ([\d.]+ \w+)", str(error))
+    where = f"in step {trainer.step + 1}" if trainer is not None else "while building the model"
+    what = f" (tried to allocate {tried.group(1)})" if tried else ""
+    return (f"out of GPU memory {where}{what}: lower stage.micro_batch (gradient accumulation keeps stage.global_batch), "
+            "set model.recompute=full, use optimizer=flash_adamw, or run on more GPUs (parallel=tp2 or tp4 splits the "
+            "model; each added data-parallel rank shrinks every rank's share of the optimizer states); checkpoints "
+            "already written are kept, and the run resumes from the last one")
 
 
 def main() -> None:

@@ -581,9 +581,11 @@ class Trainer:
         try:
             with self.gc:
                 return self._train_loop()
-        except BaseException:
+        except BaseException as e:
             if self._pending is not None:  # the run stops on an error: its save is given up, `latest` stays
                 self._pending.abandon()
+            if isinstance(e, torch.OutOfMemoryError):  # the run dir says why the run ended where it did
+                self._summary("failed", error=f"out of GPU memory in step {self.step + 1}")
             raise
         finally:
             for sig, handler in previous.items():
@@ -674,9 +676,10 @@ class Trainer:
         self.log.log(rec)
         eta = (self.total_iters - self.step) * dt / window.steps
         mfu = f" | MFU {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else ""
+        mem = f" | peak {rec['peak_mem_gib']:.1f} GiB" if rec["peak_mem_gib"] is not None else ""
         self.log.console(
             f"step {self.step}/{self.total_iters} | loss {out['loss']:.4f} | lr {out['lr']:.2e} | gnorm {out['grad_norm']:.3f} | "
-            f"{format_si(rec['tokens_per_s'])} tok/s | {rec['tflops']:.1f} TFLOP/s/GPU{mfu} | ETA {format_duration(eta)}"
+            f"{format_si(rec['tokens_per_s'])} tok/s | {rec['tflops']:.1f} TFLOP/s/GPU{mfu}{mem} | ETA {format_duration(eta)}"
         )
         window.restart()
 
@@ -695,13 +698,17 @@ class Trainer:
         # (the job's total over one GPU's peak read 113% at 7B on two GPUs).
         tflops = tps * self.flops_per_token / 1e12 / self.info.world_size
         rec = {"tokens_per_s": tps, "tflops": tflops, "mfu": tflops / self.peak if self.peak else None, "elapsed_s": time.time() - self.log.start_time}
-        rec["peak_mem_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+        # peak_mem_gib: the most the caching allocator held from the GPU. The peak of allocated tensors (peak_alloc_gib)
+        # misses what CUDA-graphed layers use: their replays write into the graphs' memory pool without allocating.
+        cuda = self.device.type == "cuda"
+        rec["peak_mem_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30 if cuda else None
+        rec["peak_alloc_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None
         self._last_rates = rec
         return rec
 
     def _final_rates(self) -> dict:
         rates = getattr(self, "_last_rates", {})
-        return {k: rates.get(k) for k in ("tokens_per_s", "tflops", "mfu", "peak_mem_gib")}
+        return {k: rates.get(k) for k in ("tokens_per_s", "tflops", "mfu", "peak_mem_gib", "peak_alloc_gib")}
 
     def _handle_non_finite(self, out: dict) -> None:
         tr = self.cfg.train

@@ -21,9 +21,11 @@ def _header(date: str, command: str) -> str:
             f"- command: `{command}`\n- date: {date} UTC")
 
 
-def _step_row(precision: str, step_ms: float, tokens: int, mfu: float, mem: float) -> dict:
+def _step_row(precision: str, step_ms: float, tokens: int, mfu: float, mem: float, held: float | None = None) -> dict:
+    """A step row; `held`: the reserved peak newer runs record beside the allocated one (`mem`)."""
     return {"model": "qwen2.5-1.5b", "precision": precision, "seq": 4096, "mbs": 2, "accum": 4, "recompute": "none",
-            "step_ms": step_ms, "tokens/s": tokens, "TFLOP/s": 461.0, "MFU(spec)": mfu, "peak_mem_GiB": mem}
+            "step_ms": step_ms, "tokens/s": tokens, "TFLOP/s": 461.0, "MFU(spec)": mfu, "peak_mem_GiB": mem,
+            **({"peak_reserved_GiB": held} if held is not None else {})}
 
 
 def _write_step(folder: Path, date: str, rows: list[dict], ratios: list[dict], peers: list[dict]) -> None:
@@ -38,10 +40,10 @@ def _write_step(folder: Path, date: str, rows: list[dict], ratios: list[dict], p
     write_result(folder / "step_1.5b.md", text, commit=folder.name.rsplit("-", 1)[-1])
 
 
-def _ratio(precision: str, speedup: float) -> dict:
+def _ratio(precision: str, speedup: float, memory: float = 0.619) -> dict:
     return {"model": "qwen2.5-1.5b", "seq": 4096, "recompute": "none", "precision": precision, "bf16 base": "bf16",
             "speedup vs bf16": speedup, "Amdahl ceiling": 1.19, "% of ceiling": 100 * speedup / 1.19,
-            "memory vs bf16": 0.619}
+            "memory vs bf16": memory}
 
 
 def _results(root: Path) -> Path:
@@ -50,15 +52,16 @@ def _results(root: Path) -> Path:
     old = root / "2026-01-01-aaaaaaa"
     _write_step(old, "2026-01-01 10:00", [_step_row("bf16", 750.0, 43700, 0.45, 46.2),
                                           _step_row("fp8_blockwise_ue8m0", 700.0, 46800, 0.48, 40.1),
+                                          _step_row("fp8_blockwise_fp32", 770.0, 42400, 0.44, 29.1),
                                           _step_row("moss", 820.0, 39900, 0.41, 42.7),
                                           _step_row("hf_bf16", 790.0, 41500, 0.43, 56.3)],
-                [_ratio("fp8_blockwise_ue8m0", 1.07), _ratio("moss", 0.915)],
+                [_ratio("fp8_blockwise_ue8m0", 1.07), _ratio("fp8_blockwise_fp32", 0.95, 0.63), _ratio("moss", 0.915)],
                 [{"model": "qwen2.5-1.5b", "seq": 4096, "recompute": "none", "infir precision": "bf16",
                   "HF peer": "hf_bf16", "tokens/s vs peer": 1.05}])
     new = root / "2026-01-02-bbbbbbb"
-    _write_step(new, "2026-01-02 10:00", [_step_row("bf16", 745.0, 44000, 0.459, 46.2),
-                                          _step_row("fp8_blockwise_ue8m0", 614.0, 53333, 0.556, 28.6)],
-                [_ratio("fp8_blockwise_ue8m0", 1.21)], [])
+    _write_step(new, "2026-01-02 10:00", [_step_row("bf16", 745.0, 44000, 0.459, 46.2, 47.3),
+                                          _step_row("fp8_blockwise_ue8m0", 614.0, 53333, 0.556, 28.6, 40.3)],
+                [_ratio("fp8_blockwise_ue8m0", 1.21, 0.852)], [])
     for folder, date, ms in ((old, "2026-01-01 11:00", 0.5), (new, "2026-01-02 11:00", 0.25)):
         text = "\n\n".join(["## FP8 linear fwd+bwd", _header(date, "python bench/linear.py --cuda-graph"),
                             "### summed over the shapes", markdown_table([{"recipe": "fp8", "summed ms": ms}])]) + "\n"
@@ -86,11 +89,13 @@ def test_page_takes_each_row_from_its_newest_run(tmp_path):
     new = next(k for k, ln in runs.items() if "2026-01-02 10:00 UTC, commit bbbbbbb" in ln)
     old = next(k for k, ln in runs.items() if "2026-01-01 10:00 UTC, commit aaaaaaa" in ln)
     assert "`python bench/step.py --seq 4096 --tag 10:00`" in runs[new]  # the command that reproduces the rows
-    # BF16 and ue8m0 from the newer run, with that run's ratio (1.21) and MFU in percent; moss and the peer
-    # only in the older run, with the ratio that run printed
-    assert f"| 4096 | none | bf16 | 745 | 44000 | 461 |  | 45.9% |  |  |  | 46.2 | {new} |" in lines
-    assert f"| 4096 | none | fp8_blockwise_ue8m0 | 614 | 53333 | 461 |  | 55.6% | 1.21 | 102 | 0.619 | 28.6 | {new} |" in lines
+    # BF16 and ue8m0 from the newer run, with that run's ratio (1.21) and MFU in percent, and the peaks the GPU
+    # held; moss and the peer only in the older run, with the ratio that run printed and its allocated peak, which
+    # fp8_blockwise_fp32 (CUDA-graphed layers, whose pool that peak misses) is not shown with
+    assert f"| 4096 | none | bf16 | 745 | 44000 | 461 |  | 45.9% |  |  |  | 47.3 | {new} |" in lines
+    assert f"| 4096 | none | fp8_blockwise_ue8m0 | 614 | 53333 | 461 |  | 55.6% | 1.21 | 102 | 0.852 | 40.3 | {new} |" in lines
     assert f"| 4096 | none | moss | 820 | 39900 | 461 |  | 41.0% | 0.915 | 76.9 | 0.619 | 42.7 | {old} |" in lines
+    assert f"| 4096 | none | fp8_blockwise_fp32 | 770 | 42400 | 461 |  | 44.0% | 0.95 | 79.8 |  |  | {old} |" in lines
     assert f"| 4096 | bf16 | hf_bf16 | 1.05 | {old} |" in lines
     assert not any("| 700 |" in ln for ln in lines)  # the older ue8m0 row is replaced
     assert "| fp8 | 0.25 |" in lines and "| fp8 | 0.5 |" not in lines  # the newest linear_graph run only
@@ -241,3 +246,15 @@ def test_a_bandwidth_run_a_newer_one_covers_is_left_to_its_result_file(tmp_path)
     section = report.render(root, tmp_path / "BENCHMARKS.md").split("## Scaling model (bench/scaling.py)")[1]
     assert "| all_gather | 4 | 77 |" in section and "| all_gather | 2 | 77 |" in section
     assert "| all_reduce | 2 | 50 |" not in section and "2026-01-03-ccccccc/scaling_bw_2gpu" not in section
+
+
+def test_dp_rows_show_peaks_as_held_and_leave_out_allocated_peaks_of_graphed_cases():
+    def shown(printed: dict) -> dict:
+        return dict(zip(report.DP_COLUMNS, report.dp_row(printed)))
+
+    old_bf16 = shown({"case": "bf16", "peak GiB": "40.4", "DP=1 peak GiB": "46.2"})
+    old_fp8 = shown({"case": "fp8_blockwise_ue8m0", "peak GiB": "27.6", "DP=1 peak GiB": "28.5"})
+    new_fp8 = shown({"case": "fp8_blockwise_ue8m0", "peak GiB held": "40.1", "DP=1 peak GiB held": "40.3"})
+    assert (old_bf16["peak GiB"], old_bf16["DP=1 peak GiB"]) == ("40.4", "46.2")
+    assert (old_fp8["peak GiB"], old_fp8["DP=1 peak GiB"]) == ("", "")
+    assert (new_fp8["peak GiB"], new_fp8["DP=1 peak GiB"]) == ("40.1", "40.3")

@@ -35,3 +35,15 @@ def test_a_case_missing_from_a_run_beside_the_others_is_named():
     one = _result(1, [("bf16", 1000.0)])
     with pytest.raises(SystemExit, match="not timed in every --beside result"):
         dp_scaling.scaling_rows(one, [_result(2, [("bf16", 1800.0)])], [_result(1, [("fp8", 1.0)])])
+
+
+def test_peaks_are_those_the_gpu_held_and_unknown_where_graph_pools_went_unrecorded():
+    """A DP row's peaks are the reserved ones bench/step.py records; a result that has only allocated peaks gives
+    them for cases without CUDA graphs, and none for the graphed ones, whose pools those peaks miss."""
+    old = _result(1, [("bf16", 1000.0), ("fp8_blockwise_ue8m0", 1200.0)])
+    new = _result(2, [("bf16", 1900.0), ("fp8_blockwise_ue8m0", 2300.0)])
+    for row in new["tables"][0]["rows"]:
+        row["peak_reserved_GiB"] = 41.5
+    rows = {r["case"]: r for r in dp_scaling.scaling_rows(old, [new])}
+    assert rows["bf16"]["peak GiB held"] == rows["fp8_blockwise_ue8m0"]["peak GiB held"] == 41.5
+    assert rows["bf16"]["DP=1 peak GiB held"] == 30.0 and rows["fp8_blockwise_ue8m0"]["DP=1 peak GiB held"] is None

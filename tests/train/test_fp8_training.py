@@ -88,7 +88,7 @@ def test_gpu_full_recompute_with_per_forward_weights_trains_on_the_kept_weights_
         run_train([*common, f"run_dir={run_dir}", f"model.fp8_weight_cache={cache}"])
     kept, per_forward = losses(runs["true"]), losses(runs["auto"])
     assert sorted(kept) == list(range(1, 5)) and kept == per_forward, (kept, per_forward)
-    peaks = {cache: summary(run_dir)["peak_mem_gib"] for cache, run_dir in runs.items()}
+    peaks = {cache: summary(run_dir)["peak_alloc_gib"] for cache, run_dir in runs.items()}
     assert peaks["auto"] < peaks["true"], peaks
 
 

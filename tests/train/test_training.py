@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from infir.model import ckpt_format
 
@@ -234,6 +235,31 @@ def test_the_cli_ends_a_stopped_run_in_one_line(demo_root, tmp_path, monkeypatch
         pytest.fail("Ctrl-C escaped infir-train's run: Python prints its traceback")
     err = capsys.readouterr().err
     assert exit_code == code and len(err.splitlines()) == 1 and err.startswith("infir-train: ")
+
+
+def test_out_of_gpu_memory_ends_the_run_in_one_line_and_keeps_its_checkpoints(demo_root, tmp_path, monkeypatch, capsys):
+    """torch's out-of-memory error in a step: one line naming the step, the allocation and what frees memory, exit
+    code 5; the checkpoint written before it stays `latest`, and the run's summary says why it ended."""
+    from infir.train import cli, loop
+
+    train_step = loop.Trainer.train_step
+
+    def short_of_memory(self, step):
+        if step == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity "
+                                         "of 79.19 GiB of which 1.02 GiB is free.")
+        return train_step(self, step)
+
+    monkeypatch.setattr(loop.Trainer, "train_step", short_of_memory)
+    with pytest.raises(SystemExit) as stop:
+        cli.run(cli.compose(demo(demo_root, tmp_path, *SMALL, "stage.iters=4", "train.save_interval=2")))
+    err = capsys.readouterr().err
+    assert stop.value.code == 5 and len(err.splitlines()) == 1, err
+    assert err.startswith("infir-train: out of GPU memory in step 3 (tried to allocate 2.50 GiB): lower "
+                          "stage.micro_batch"), err
+    assert "model.recompute=full" in err and "resumes from the last one" in err
+    assert ckpt_format.resolve(tmp_path / "checkpoints").name == "iter_0000002"
+    assert summary(tmp_path)["status"] == "failed" and summary(tmp_path)["error"] == "out of GPU memory in step 3"
 
 
 def test_crash_during_save_keeps_the_last_complete_checkpoint(demo_root, tmp_path):
