@@ -182,15 +182,18 @@ def memory_ratio(row: dict, ratio: dict) -> float | None:
     return ratio.get("memory vs bf16") if held_peak_GiB(row) is not None else None
 
 
+PEER_COMPARED = ("bf16", "fp8_blockwise_ue8m0")  # infir's BF16 and its default FP8 recipe; the others: result files
+
+
 def peer_table(entries: list[tuple[Run, dict]], label) -> list[str]:
-    """infir vs each HF peer, as printed by the run that measured the peer row shown."""
+    """infir's BF16 and default FP8 vs each HF peer, as printed by the run that measured the peer row shown."""
     rows = []
     for run, row in entries:
         if not str(row["precision"]).startswith("hf_"):
             continue
         for r in run.rows("tokens/s vs peer"):
             same_shape = (r.get("seq"), r.get("recompute")) == (row["seq"], row["recompute"])
-            if r.get("HF peer") == row["precision"] and same_shape:
+            if r.get("HF peer") == row["precision"] and same_shape and r.get("infir precision") in PEER_COMPARED:
                 rows.append([r["seq"], r["infir precision"], r["HF peer"], r["tokens/s vs peer"], label(run)])
     return ["", "infir vs the HF transformers peers, same run:", "", *table(
         ["seq", "infir precision", "HF peer", "tokens/s vs peer", "run"], rows)] if rows else []

@@ -119,7 +119,7 @@ def test_committed_page_is_what_the_results_generate():
     assert done.returncode == 0, done.stderr
     # one page: kernels, steps, attention, optimizers, parity, data-parallel scaling and the scaling model,
     # their longer tables left to the result files
-    assert len((REPO / "BENCHMARKS.md").read_text().splitlines()) < 430
+    assert len((REPO / "BENCHMARKS.md").read_text().splitlines()) < 450
 
 
 def test_emit_writes_the_result_file_beside_the_report(tmp_path, monkeypatch):
