@@ -17,6 +17,12 @@ write it in place). Times: CUDA events around back-to-back calls, the slowest ra
 share of the shorter of collective and GEMM that a form saves against running them one after the other
 (1: fully hidden; below 0: slower than not overlapping at all), for the fused (symmetric-memory) and the
 split (infir) forms.
+
+The split form also replays from a CUDA graph, as the trainer's compiled FP8 layers run it (`split graphed`):
+eagerly, with CUDA_DEVICE_MAX_CONNECTIONS=1, the exchange's NCCL kernel starts before the GEMM beside it and
+holds its SMs; a graph's replay may start the GEMM first, whose persistent cuBLAS kernel then takes every SM
+until it ends. `split graphed, carveout` captures the GEMMs with --sm-carveout SMs left to other kernels
+(torch's cuBLASLt SM count target).
 """
 from __future__ import annotations
 
@@ -138,17 +144,48 @@ def row_cases(tokens: int, k: int, n: int, group):
     return [bf16, fp8]
 
 
-def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, iters: int) -> list[dict]:
+def graphed(fn, carveout: int | None):
+    """fn captured in a CUDA graph, its cuBLASLt GEMMs leaving `carveout` SMs to other kernels (None: none): the
+    graph's replay, and the output the replays write."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # communicators, cuBLAS handles and autotuning made before the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph, previous = torch.cuda.CUDAGraph(), torch._C._get_sm_carveout_experimental()
+    torch._C._set_sm_carveout_experimental(carveout)
+    try:
+        with torch.cuda.graph(graph):
+            out = fn()
+    finally:
+        torch._C._set_sm_carveout_experimental(previous)
+    return graph.replay, out
+
+
+def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, iters: int,
+            carveout: int) -> list[dict]:
     rows = []
     for precision, mm, comm, seq, fused, split in side(tokens, k, n, group):
-        t = {key: slowest_rank_ms(fn, group, warmup, iters) for key, fn in
-             (("gemm", mm), ("collective", comm), ("sequential", seq), ("fused", fused), ("split", split))}
+        forms = [("gemm", mm), ("collective", comm), ("sequential", seq), ("fused", fused), ("split", split)]
+        try:
+            (replay, replayed), (carved, carved_out) = graphed(split, None), graphed(split, carveout)
+            forms += [("split graphed", replay), ("split graphed, carveout", carved)]
+        except RuntimeError as e:  # the eager forms' figures stand without the graphed ones
+            print(f"{gemm} {precision}: the split form was not captured in a CUDA graph: {e}", flush=True)
+        t = {key: slowest_rank_ms(fn, group, warmup, iters) for key, fn in forms}
         shorter = min(t["gemm"], t["collective"])
         rows.append({"GEMM": gemm, "precision": precision, "tokens x K x N": f"{tokens}x{k}x{n}",
                      "gemm ms": t["gemm"], "collective ms": t["collective"], "sequential ms": t["sequential"],
                      "fused ms": t["fused"], "fused hidden": (t["sequential"] - t["fused"]) / shorter,
                      "split ms": t["split"], "split hidden": (t["sequential"] - t["split"]) / shorter,
                      "split speedup": t["sequential"] / t["split"],
+                     **({"split graphed ms": t["split graphed"],
+                         "split graphed hidden": (t["sequential"] - t["split graphed"]) / shorter,
+                         "split graphed, carveout ms": t["split graphed, carveout"],
+                         "split graphed, carveout hidden": (t["sequential"] - t["split graphed, carveout"]) / shorter,
+                         "graphed vs sequential (rel.)": max(rel_diff(replayed, seq()), rel_diff(carved_out, seq()))}
+                        if "split graphed" in t else {}),
                      "fused vs sequential (rel.)": rel_diff(fused(), seq()),
                      "split vs sequential (rel.)": rel_diff(split(), seq())})
         print(rows[-1], flush=True)
@@ -161,6 +198,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=4096, help="tokens of one micro-batch (all TP ranks together)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--sm-carveout", type=int, default=16,
+                   help="SMs the graphed split form's GEMMs leave to the exchange's NCCL kernel")
     args = p.parse_args()
     if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not torch.cuda.is_available():
         sys.exit("async_tp.py: needs two or more GPUs under torchrun: "
@@ -176,12 +215,14 @@ def main() -> None:
     shapes = [("QKV", column_cases, d, (d + 2 * kv) // tp), ("FC1", column_cases, d, 2 * f // tp),
               ("proj", row_cases, d // tp, d), ("FC2", row_cases, f // tp, d)]
     torch.manual_seed(dist.get_rank())
-    rows = [r for gemm, side, k, n in shapes for r in measure(gemm, side, args.tokens, k, n, group, args.warmup, args.iters)]
+    rows = [r for gemm, side, k, n in shapes
+            for r in measure(gemm, side, args.tokens, k, n, group, args.warmup, args.iters, args.sm_carveout)]
     if dist.get_rank() == 0:
         emit("Sequence-parallel collective beside its GEMM: NCCL then GEMM vs symmetric-memory async TP vs infir's "
              "split schedules (bench/async_tp.py)",
              [f"{args.model}, TP={tp} (one GPU per rank), {args.tokens} tokens a micro-batch; NVLink multicast off "
-              f"(TORCH_SYMM_MEM_DISABLE_MULTICAST={os.environ.get('TORCH_SYMM_MEM_DISABLE_MULTICAST', 'unset')})",
+              f"(TORCH_SYMM_MEM_DISABLE_MULTICAST={os.environ.get('TORCH_SYMM_MEM_DISABLE_MULTICAST', 'unset')}); "
+              f"carveout: {args.sm_carveout} SMs",
               markdown_table(rows)], args.out)
     dist.destroy_process_group()
 

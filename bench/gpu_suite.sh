@@ -48,7 +48,9 @@
 #                                          collective then GEMM vs parallel.tp_comm_overlap=true (collectives split per
 #                                          rank around their GEMMs) (+ profile: exposed communication; TRACE=1: timelines)
 #   bash bench/gpu_suite.sh async-tp       bench/async_tp.py under torchrun, two GPUs: 7B's four GEMMs of a layer at TP=2,
-#                                          the NCCL collective then the GEMM vs symmetric-memory async TP, BF16 and FP8
+#                                          the NCCL collective then the GEMM vs symmetric-memory async TP vs infir's split
+#                                          schedules (eager, and replayed from CUDA graphs with and without SMs carved
+#                                          out of the GEMMs for the exchange), BF16 and FP8
 #   bash bench/gpu_suite.sh save-stall     bench/save_stall.py under torchrun, two GPUs: how long a 7B TP=2 step stalls
 #                                          for an asynchronous checkpoint
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
@@ -258,7 +260,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b-32k-packed table6-1.5b-tp2 memory-32k table6-7b-tp2 table6-7b-1gpu table6-4gpu dp-scaling step-1.5b step-1.5b-8k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check tp-overlap async-tp save-stall phases gen-speed parity scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b-32k-packed table6-1.5b-tp2 memory-32k table6-7b-tp2 table6-7b-1gpu table6-4gpu dp-scaling step-1.5b step-1.5b-8k step-1.5b-32k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check tp-overlap async-tp save-stall phases gen-speed parity scaling" >&2; exit 2 ;;
   esac
 done
 exit $status

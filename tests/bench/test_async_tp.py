@@ -1,6 +1,6 @@
 """bench/async_tp.py: refused in one line without GPUs under torchrun; on two GPUs every fused (async TP) and
-split (infir's tp_comm_overlap) form computes what the NCCL-then-GEMM form does, for each GEMM of a layer, BF16
-and FP8."""
+split (infir's tp_comm_overlap) form, eager and replayed from a CUDA graph, computes what the NCCL-then-GEMM form
+does, for each GEMM of a layer, BF16 and FP8."""
 from __future__ import annotations
 
 import json
@@ -38,3 +38,6 @@ def test_every_fused_form_computes_what_gather_then_gemm_does(tmp_path):
     # the same products summed in another order (the reduce-scatter's partials): BF16 rounding apart
     assert all(r["fused vs sequential (rel.)"] < 1e-2 and r["fused ms"] > 0 for r in rows), rows
     assert all(r["split vs sequential (rel.)"] < 1e-2 and r["split ms"] > 0 for r in rows), rows
+    # replayed from CUDA graphs, with and without SMs carved out of the GEMMs: the same products
+    assert all(r["graphed vs sequential (rel.)"] < 1e-2 and r["split graphed ms"] > 0
+               and r["split graphed, carveout ms"] > 0 for r in rows), rows
