@@ -72,6 +72,22 @@ def emit(title: str, sections: list[str], out: str | None) -> str:
     return text
 
 
+def capture_graph(fn, warmup: int = 3):
+    """fn captured in a CUDA graph, after `warmup` eager calls on a side stream (communicators, cuBLAS handles
+    and autotuning are made before the capture, which takes none of them): the graph, and fn's output there,
+    which each replay rewrites."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
 def bench_ms(fn, warmup: int = 10, rep: int = 50, min_reps: int = 10) -> float:
     """Median time of fn in milliseconds (CUDA events through triton.testing.do_bench), over at
     least min_reps runs. do_bench sizes its runs by time alone (rep ms, warmup ms), so a call that

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import base_parser, emit, markdown_table, slowest_rank_ms  # noqa: E402
+from _common import base_parser, capture_graph, emit, markdown_table, slowest_rank_ms  # noqa: E402
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -147,17 +147,10 @@ def row_cases(tokens: int, k: int, n: int, group):
 def graphed(fn, carveout: int | None):
     """fn captured in a CUDA graph, its cuBLASLt GEMMs leaving `carveout` SMs to other kernels (None: none): the
     graph's replay, and the output the replays write."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # communicators, cuBLAS handles and autotuning made before the capture
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph, previous = torch.cuda.CUDAGraph(), torch._C._get_sm_carveout_experimental()
+    previous = torch._C._get_sm_carveout_experimental()
     torch._C._set_sm_carveout_experimental(carveout)
     try:
-        with torch.cuda.graph(graph):
-            out = fn()
+        graph, out = capture_graph(fn)
     finally:
         torch._C._set_sm_carveout_experimental(previous)
     return graph.replay, out

@@ -20,8 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench._common import (base_parser, bench_ms, copy_bandwidth_gbs, emit, kernel_times_us, l2_flush,  # noqa: E402
-                           markdown_table)
+from bench._common import (base_parser, bench_ms, capture_graph, copy_bandwidth_gbs, emit,  # noqa: E402
+                           kernel_times_us, l2_flush, markdown_table)
 from infir.fp8 import Fp8Linear, LinearSpec, fp8_gemm, fp8_linear  # noqa: E402
 from infir.fp8 import kernels as kn  # noqa: E402
 from infir.fp8.kernels.gemm_two_level import two_level_gemm_triton  # noqa: E402
@@ -53,15 +53,7 @@ def fwd_bwd_ms(layer, x, dy, before=None, graph=False, probe=None) -> float:
         if probe is not None:
             probe(step)
     else:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
+        g, _ = capture_graph(step)
         ms = bench_ms(g.replay)
         if probe is not None:
             probe(g.replay)

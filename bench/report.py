@@ -41,7 +41,8 @@ reports the median. Tokens/s counts every token of the step; TFLOP/s and MFU are
 FLOPs per token, MFU over the dense BF16 peak named in bench/step.py (`SPEC_PEAK`). Peak memory is the most \
 torch's caching allocator held over the case (`max_memory_reserved`), which counts the CUDA-graphed layers' \
 memory pool; runs that recorded only the peak of allocated tensors show it where no graphs ran (lower by the \
-allocator's slack) and nothing where they did, since graph replays use their pool without allocating. Every ratio compares two cases of one run, on one machine. The HF peers \
+allocator's slack) and nothing where they did, since graph replays use their pool without allocating. Every \
+ratio compares two cases of one run, on one machine. The HF peers \
 are the same model in HF transformers trained the same way (per-layer torch.compile, BF16 autocast, fused \
 AdamW, SDPA attention): in BF16, and with torchao's float8 training (tensorwise scales) on the block linears."""
 
