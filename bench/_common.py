@@ -72,10 +72,11 @@ def emit(title: str, sections: list[str], out: str | None) -> str:
     return text
 
 
-def capture_graph(fn, warmup: int = 3):
+def capture_graph(fn, warmup: int = 3, sm_carveout: int | None = None):
     """fn captured in a CUDA graph, after `warmup` eager calls on a side stream (communicators, cuBLAS handles
     and autotuning are made before the capture, which takes none of them): the graph, and fn's output there,
-    which each replay rewrites."""
+    which each replay rewrites. `sm_carveout`: the SMs its cuBLASLt GEMMs leave to other kernels (torch's SM
+    count target; None: none)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -83,8 +84,13 @@ def capture_graph(fn, warmup: int = 3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    previous = torch._C._get_sm_carveout_experimental()
+    torch._C._set_sm_carveout_experimental(sm_carveout)
+    try:
+        with torch.cuda.graph(graph):
+            out = fn()
+    finally:
+        torch._C._set_sm_carveout_experimental(previous)
     return graph, out
 
 

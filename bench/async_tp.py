@@ -22,7 +22,8 @@ The split form also replays from a CUDA graph, as the trainer's compiled FP8 lay
 eagerly, with CUDA_DEVICE_MAX_CONNECTIONS=1, the exchange's NCCL kernel starts before the GEMM beside it and
 holds its SMs; a graph's replay may start the GEMM first, whose persistent cuBLAS kernel then takes every SM
 until it ends. `split graphed, carveout` captures the GEMMs with --sm-carveout SMs left to other kernels
-(torch's cuBLASLt SM count target).
+(torch's cuBLASLt SM count target). `fused graphed` replays the symmetric-memory form from a graph: its
+copy-engine transfers without the host time of its many small eager calls.
 """
 from __future__ import annotations
 
@@ -145,14 +146,8 @@ def row_cases(tokens: int, k: int, n: int, group):
 
 
 def graphed(fn, carveout: int | None):
-    """fn captured in a CUDA graph, its cuBLASLt GEMMs leaving `carveout` SMs to other kernels (None: none): the
-    graph's replay, and the output the replays write."""
-    previous = torch._C._get_sm_carveout_experimental()
-    torch._C._set_sm_carveout_experimental(carveout)
-    try:
-        graph, out = capture_graph(fn)
-    finally:
-        torch._C._set_sm_carveout_experimental(previous)
+    """fn's replay from a CUDA graph whose GEMMs leave `carveout` SMs (None: none), and the output it writes."""
+    graph, out = capture_graph(fn, sm_carveout=carveout)
     return graph.replay, out
 
 
@@ -166,6 +161,11 @@ def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, it
             forms += [("split graphed", replay), ("split graphed, carveout", carved)]
         except RuntimeError as e:  # the eager forms' figures stand without the graphed ones
             print(f"{gemm} {precision}: the split form was not captured in a CUDA graph: {e}", flush=True)
+        try:  # the copy engines' transfers without the host's launch time
+            fused_replay, fused_replayed = graphed(fused, None)
+            forms.append(("fused graphed", fused_replay))
+        except Exception as e:  # symmetric memory's calls may refuse capture: the other forms stand  # noqa: BLE001
+            print(f"{gemm} {precision}: the fused form was not captured in a CUDA graph: {e}", flush=True)
         t = {key: slowest_rank_ms(fn, group, warmup, iters) for key, fn in forms}
         shorter = min(t["gemm"], t["collective"])
         rows.append({"GEMM": gemm, "precision": precision, "tokens x K x N": f"{tokens}x{k}x{n}",
@@ -179,6 +179,10 @@ def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, it
                          "split graphed, carveout hidden": (t["sequential"] - t["split graphed, carveout"]) / shorter,
                          "graphed vs sequential (rel.)": max(rel_diff(replayed, seq()), rel_diff(carved_out, seq()))}
                         if "split graphed" in t else {}),
+                     **({"fused graphed ms": t["fused graphed"],
+                         "fused graphed hidden": (t["sequential"] - t["fused graphed"]) / shorter,
+                         "fused graphed vs sequential (rel.)": rel_diff(fused_replayed, seq())}
+                        if "fused graphed" in t else {}),
                      "fused vs sequential (rel.)": rel_diff(fused(), seq()),
                      "split vs sequential (rel.)": rel_diff(split(), seq())})
         print(rows[-1], flush=True)

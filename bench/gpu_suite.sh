@@ -47,10 +47,13 @@
 #                                          with TP=4), no recomputation, BF16 and FP8 with megatron's order of SP
 #                                          collective then GEMM vs parallel.tp_comm_overlap=true (collectives split per
 #                                          rank around their GEMMs) (+ profile: exposed communication; TRACE=1: timelines)
-#   bash bench/gpu_suite.sh async-tp       bench/async_tp.py under torchrun, two GPUs: 7B's four GEMMs of a layer at TP=2,
+#   bash bench/gpu_suite.sh async-tp       bench/async_tp.py under torchrun, two GPUs: 7B's four GEMMs of a layer at TP=2, 8k,
 #                                          the NCCL collective then the GEMM vs symmetric-memory async TP vs infir's split
 #                                          schedules (eager, and replayed from CUDA graphs with and without SMs carved
 #                                          out of the GEMMs for the exchange), BF16 and FP8
+#   bash bench/gpu_suite.sh side-stream    bench/side_stream.py, one GPU: a few-block copy (a stand-in for an exchange's
+#                                          NCCL kernel, 16 and 4 blocks) and a cudaMemcpyAsync on a side stream beside
+#                                          each FP8 GEMM of a 7B TP=2 layer, eager and replayed from CUDA graphs
 #   bash bench/gpu_suite.sh save-stall     bench/save_stall.py under torchrun, two GPUs: how long a 7B TP=2 step stalls
 #                                          for an asynchronous checkpoint
 #   bash bench/gpu_suite.sh phases         bench/step_phases.py: 0.5B, BF16 and FP8 steps timed plainly, profiled and
@@ -239,7 +242,11 @@ for stage in "$@"; do
         --out "$OUT/step_7b_32k_tp4_overlap.md" --cases "${CASES[@]}" ;;
     async-tp)
       run async_tp_7b python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/async_tp.py --model qwen2.5-7b \
-        --tokens 4096 --out "$OUT/async_tp_7b.md" ;;
+        --tokens 8192 --out "$OUT/async_tp_7b.md" ;;
+    side-stream)
+      for c in 16 4; do
+        run "side_stream_${c}ctas" python3 bench/side_stream.py --ctas "$c" --out "$OUT/side_stream_${c}ctas.md"
+      done ;;
     save-stall)
       run save_stall_7b_tp2 python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/save_stall.py \
         --model qwen2.5-7b --parallel tp2 --out "$OUT/save_stall_7b_tp2.md" ;;
@@ -260,7 +267,7 @@ for stage in "$@"; do
         --out "$OUT/scaling_bw_${NGPU}gpu.md"
       run scaling python3 bench/scaling.py project --results "${RESULTS[@]}" --out "$OUT/scaling.md"
       run scaling_validate python3 bench/scaling.py validate --results "${RESULTS[@]}" --out "$OUT/scaling_validate.md" ;;
-    *) echo "unknown stage '$stage': tests kernels attention step-1.5b-32k-packed table6-1.5b-tp2 memory-32k table6-7b-tp2 table6-7b-1gpu table6-4gpu dp-scaling step-1.5b step-1.5b-8k step-1.5b-32k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check tp-overlap async-tp save-stall phases gen-speed parity scaling" >&2; exit 2 ;;
+    *) echo "unknown stage '$stage': tests kernels attention step-1.5b-32k-packed table6-1.5b-tp2 memory-32k table6-7b-tp2 table6-7b-1gpu table6-4gpu dp-scaling step-1.5b step-1.5b-8k step-1.5b-32k step-0.5b step-0.5b-graphs step-1.5b-graphs step-7b-tp2 step-7b-tp2dp2 parallel-check tp-overlap async-tp side-stream save-stall phases gen-speed parity scaling" >&2; exit 2 ;;
   esac
 done
 exit $status

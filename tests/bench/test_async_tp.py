@@ -41,3 +41,4 @@ def test_every_fused_form_computes_what_gather_then_gemm_does(tmp_path):
     # replayed from CUDA graphs, with and without SMs carved out of the GEMMs: the same products
     assert all(r["graphed vs sequential (rel.)"] < 1e-2 and r["split graphed ms"] > 0
                and r["split graphed, carveout ms"] > 0 for r in rows), rows
+    assert all(r["fused graphed vs sequential (rel.)"] < 1e-2 and r["fused graphed ms"] > 0 for r in rows), rows
