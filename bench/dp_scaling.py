@@ -13,6 +13,9 @@ host's GPUs: what N busy GPUs of one host give (each at its power cap, sharing t
 so that what remains below it is what data parallelism's communication costs. The slowest of them is the
 baseline: a data-parallel step goes at its slowest rank's pace, and GPUs of one host differ by a few percent.
 
+Memory: each case's held peak per GPU beside the one ZeRO-1 predicts, the DP=1 case's less the share of its
+optimizer states (measured: the bytes of its states on the GPU) that the other ranks hold instead.
+
 bench/step.py keeps `--accum` micro-batches per GPU at every DP size (the global batch grows with DP), so
 per-GPU tokens/s compare directly. A case at DP=N may carry optimizer overrides the DP=1 run does not
 (`+optimizer.distributed=false`: replicated states); it is compared with the DP=1 case that has the same
@@ -83,9 +86,22 @@ def scaling_rows(one: dict, many: list[dict], beside: list[dict] = ()) -> list[d
                          **({"% of DP=1 beside": 100 * per_gpu / _slowest_tokens(together, _key(r))} if together else {}),
                          "exposed comm % of GPU time": _profiled(result, r, "exposed communication"),
                          "peak GiB held": held_peak_GiB(r), "DP=1 peak GiB held": held_peak_GiB(b),
+                         **predicted_peak(r, b, dp),
                          "param gather MiB per rank": r.get("param_gather_MiB"),
                          "all-gather % of GPU time": _profiled(result, r, "all-gather")})
     return rows
+
+
+def predicted_peak(row: dict, one: dict, dp: int) -> dict:
+    """The held peak ZeRO-1 should leave at DP=`dp`: the DP=1 case's, less the (dp-1)/dp of its optimizer states
+    that the other ranks hold instead (nothing less where the states stay replicated), and the measured peak's
+    difference from it in percent. Empty where either run did not record its states."""
+    if "optim_state_GiB" not in one or "sharded_states" not in row:
+        return {}
+    shed = one["optim_state_GiB"] * (1 - 1 / dp) if row["sharded_states"] else 0.0
+    predicted = held_peak_GiB(one) - shed
+    return {"predicted peak GiB held": predicted,
+            "peak vs predicted %": 100 * (held_peak_GiB(row) - predicted) / predicted}
 
 
 def _slowest_tokens(results: list[dict], key: tuple) -> float:

@@ -524,6 +524,8 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     tflops = row["TFLOP/s"]
     row["TFLOP/s (Megatron-LM count)"] = tflops * megatron_lm_flops_per_token(trainer.size, seq) / trainer.flops_per_token
     row.update(memory_split(trainer))
+    row["optim_state_GiB"] = trainer.optimizer.state_bytes(torch.device("cuda", torch.cuda.current_device())) / 2**30
+    row["sharded_states"] = trainer.optimizer.sharded
     if trainer.optimizer.sharded:  # what each rank sends in a step's parameter all-gathers
         row["param_gather_MiB"] = trainer.optimizer.gather_bytes / 2**20
     # Net of the tensors an earlier case left allocated; what it left cached, unallocated, this case could reuse

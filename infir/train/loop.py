@@ -703,12 +703,15 @@ class Trainer:
         cuda = self.device.type == "cuda"
         rec["peak_mem_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30 if cuda else None
         rec["peak_alloc_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30 if cuda else None
+        # this rank's optimizer states on its device: what ZeRO-1 divides over the data-parallel ranks
+        rec["optim_state_gib"] = self.optimizer.state_bytes(self.device) / 2**30
         self._last_rates = rec
         return rec
 
     def _final_rates(self) -> dict:
         rates = getattr(self, "_last_rates", {})
-        return {k: rates.get(k) for k in ("tokens_per_s", "tflops", "mfu", "peak_mem_gib", "peak_alloc_gib")}
+        return {k: rates.get(k) for k in ("tokens_per_s", "tflops", "mfu", "peak_mem_gib", "peak_alloc_gib",
+                                          "optim_state_gib")}
 
     def _handle_non_finite(self, out: dict) -> None:
         tr = self.cfg.train

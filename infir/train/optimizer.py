@@ -155,6 +155,12 @@ class DataParallelOptimizer:
     def optimizers(self) -> list[torch.optim.Optimizer]:
         return [part.optimizer for part in self.parts if part.optimizer is not None]
 
+    def state_bytes(self, device: torch.device) -> int:
+        """Bytes of this rank's optimizer states held on `device` (on a GPU run, not an offloading optimizer's
+        host copies): what sharding divides over the ranks."""
+        return sum(t.numel() * t.element_size() for opt in self.optimizers for state in opt.state.values()
+                   for t in state.values() if isinstance(t, torch.Tensor) and t.device == device)
+
     def grad_norm_sq(self) -> torch.Tensor:
         """Sum of squared gradients of this rank's views (counted ones), summed over the shards' ranks."""
         grads = [v.main_grad for v, c in zip(self.views, self.counted) if c]

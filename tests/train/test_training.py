@@ -382,10 +382,12 @@ def test_throughput_reports_tflops_and_mfu_per_gpu():
     def rates(world):
         fake = SimpleNamespace(tokens_per_step=4096 * world, flops_per_token=1e10, peak=1000.0,
                                info=SimpleNamespace(world_size=world), device=torch.device("cpu"),
-                               log=SimpleNamespace(start_time=time.time()))
+                               log=SimpleNamespace(start_time=time.time()),
+                               optimizer=SimpleNamespace(state_bytes=lambda device: 3 * 2**29))
         return Trainer._throughput(fake, steps=10, seconds=1.0)
 
     one, two = rates(1), rates(2)
     assert two["tokens_per_s"] == 2 * one["tokens_per_s"]
     assert math.isclose(one["tflops"], 40960 * 1e10 / 1e12) and math.isclose(two["tflops"], one["tflops"])
     assert math.isclose(two["mfu"], one["tflops"] / 1000.0)
+    assert one["optim_state_gib"] == 1.5

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from trainrun import losses, run_train
+from trainrun import losses, run_train, summary
 
 FAST = ["logger=none", "train.log_interval=1", "train.eval_interval=0", "stage.global_batch=4", "stage.micro_batch=1"]
 STEPS = 20
@@ -29,6 +29,10 @@ def test_sharded_states_take_the_replicated_steps(demo_root, tmp_path, optimizer
     replicated = curve(demo_root, tmp_path / "dp2", 2, [*common, "optimizer.distributed=false"])
     sharded = curve(demo_root, tmp_path / "zero", 2, [*common, "optimizer.bucket_size=20000"])
     assert sharded == replicated
+    # rank 0 holds the states of the first half of each bucket: half of them, and more by what the buckets'
+    # padding (megatron pads each to a multiple of 2^16 elements, tens of thousands here) puts in rank 1's half
+    states = {name: summary(tmp_path / name)["optim_state_gib"] for name in ("dp2", "zero")}
+    assert states["dp2"] / 2 <= states["zero"] <= 0.65 * states["dp2"], states
     # one rank sums each gradient over the whole batch, two ranks sum halves: FP32 rounding apart. The BF16
     # weights of the memory-efficient optimizers turn a rounding difference into a bf16 step now and then.
     rel = 1e-6 if optimizer == "adamw" else 1e-3
