@@ -98,7 +98,8 @@ def predicted_peak(row: dict, one: dict, dp: int) -> dict:
     difference from it in percent. Empty where either run did not record its states."""
     if "optim_state_GiB" not in one or "sharded_states" not in row:
         return {}
-    shed = one["optim_state_GiB"] * (1 - 1 / dp) if row["sharded_states"] else 0.0
+    sharded = str(row["sharded_states"]) == "True"  # a result file's cells are as its report printed them
+    shed = one["optim_state_GiB"] * (1 - 1 / dp) if sharded else 0.0
     predicted = held_peak_GiB(one) - shed
     return {"predicted peak GiB held": predicted,
             "peak vs predicted %": 100 * (held_peak_GiB(row) - predicted) / predicted}

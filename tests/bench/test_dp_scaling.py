@@ -53,11 +53,12 @@ def test_zero1_peak_predicted_from_the_one_gpu_states_and_replicated_ones_unchan
     """ZeRO-1 at DP=4 should shed 3/4 of the DP=1 case's optimizer states from its held peak; a replicated case
     none; results that recorded no states give no prediction."""
     one = _result(1, [("bf16", 1000.0)])
-    one["tables"][0]["rows"][0].update(peak_reserved_GiB=40.0, optim_state_GiB=8.0, sharded_states=False)
+    # as a result file holds them: a flag as its report printed it
+    one["tables"][0]["rows"][0].update(peak_reserved_GiB=40.0, optim_state_GiB=8.0, sharded_states="False")
     many = _result(4, [("bf16", 3600.0), ("bf16+optimizer.distributed=false", 3500.0)])
     zero1, replicated = many["tables"][0]["rows"]
-    zero1.update(peak_reserved_GiB=35.0, optim_state_GiB=2.0, sharded_states=True)
-    replicated.update(peak_reserved_GiB=40.4, optim_state_GiB=8.0, sharded_states=False)
+    zero1.update(peak_reserved_GiB=35.0, optim_state_GiB=2.0, sharded_states="True")
+    replicated.update(peak_reserved_GiB=40.4, optim_state_GiB=8.0, sharded_states="False")
     rows = {r["case"]: r for r in dp_scaling.scaling_rows(one, [many])}
     assert rows["bf16"]["predicted peak GiB held"] == pytest.approx(34.0)
     assert rows["bf16"]["peak vs predicted %"] == pytest.approx(100 / 34)
