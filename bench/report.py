@@ -288,7 +288,7 @@ def newest_per_size(runs: list[Run]) -> list[Run]:
 DP_KINDS = ["dp_scaling_a4", "dp_scaling_a1"]
 DP_COLUMNS = ["model", "seq", "accum", "DP", "case", "tokens/s per GPU", "% of DP=1", "% of DP=1 beside",
               "exposed comm % of GPU time",
-              "peak GiB", "DP=1 peak GiB", "param gather MiB per rank"]
+              "peak GiB", "DP=1 peak GiB", "peak vs predicted %", "param gather MiB per rank"]
 
 
 def dp_row(printed: dict) -> list:
