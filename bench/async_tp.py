@@ -5,7 +5,7 @@ the copy engines (no SMs taken from the GEMM) and computes on the shards as they
 split schedules (parallel.tp_comm_overlap: infir.fp8.sp_overlap, one all-to-all exchange per other rank
 around per-rank GEMMs, through the same graph ops the trainer runs); per GEMM of a layer.
 
-    torchrun --nproc-per-node 2 bench/async_tp.py --model qwen2.5-7b --tokens 4096 --out async_tp.md
+    torchrun --nproc-per-node 2 bench/async_tp.py --model qwen2.5-7b --tokens 8192 --out async_tp.md
 
 Column-parallel GEMMs (QKV, FC1): all-gather of the input's token shard, then X @ W^T. BF16 through
 torch.ops.symm_mem.fused_all_gather_matmul; FP8 (1x128 activations, 128x128 weights, scaled_mm) through
@@ -18,11 +18,10 @@ share of the shorter of collective and GEMM that a form saves against running th
 (1: fully hidden; below 0: slower than not overlapping at all), for the fused (symmetric-memory) and the
 split (infir) forms.
 
-The split form also replays from a CUDA graph, as the trainer's compiled FP8 layers run it (`split graphed`):
-eagerly, with CUDA_DEVICE_MAX_CONNECTIONS=1, the exchange's NCCL kernel starts before the GEMM beside it and
-holds its SMs; a graph's replay may start the GEMM first, whose persistent cuBLAS kernel then takes every SM
-until it ends. `split graphed, carveout` captures the GEMMs with --sm-carveout SMs left to other kernels
-(torch's cuBLASLt SM count target). `fused graphed` replays the symmetric-memory form from a graph: its
+The split form also replays from a CUDA graph, as the trainer's compiled FP8 layers run it (`split graphed`),
+without the host time of its eager calls. `split graphed, carveout` captures the GEMMs with --sm-carveout SMs
+left to other kernels (torch's cuBLASLt SM count target), which an exchange's NCCL kernel would otherwise take
+from a persistent cuBLAS GEMM (bench/side_stream.py). `fused graphed` replays the symmetric-memory form from a graph: its
 copy-engine transfers without the host time of its many small eager calls.
 """
 from __future__ import annotations

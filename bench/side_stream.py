@@ -6,8 +6,9 @@ thread blocks on NCCL's stream, behind the GEMM beside it. This times the same p
 stand-in for the NCCL kernel: a copy of the exchange's bytes by `--ctas` thread blocks (NCCL's channels)
 on a side stream, and the same copy as one device-to-device cudaMemcpyAsync (the call symmetric-memory
 transfers over NVLink make; the driver picks copy engines or SMs for it), beside infir's blockwise FP8
-GEMM, for each GEMM of the 7B layer at TP=2. Per form, the pair's time against the two alone: `hidden` is the share of the shorter one that running them together saves
-(1: fully beside each other, 0: one after the other).
+GEMM, for each GEMM of the 7B layer at TP=2. Per form, the pair's time against the two alone: `hidden` is
+the share of the shorter one that running them together saves (1: fully beside each other, 0: one after
+the other, below 0: slower than that).
 
 - eager: the copy issued first, then the GEMM (the schedule's order); with CUDA_DEVICE_MAX_CONNECTIONS=1
   (the trainer's setting) both go to one hardware queue in that order.
