@@ -21,8 +21,8 @@ split (infir) forms.
 The split form also replays from a CUDA graph, as the trainer's compiled FP8 layers run it (`split graphed`),
 without the host time of its eager calls. `split graphed, carveout` captures the GEMMs with --sm-carveout SMs
 left to other kernels (torch's cuBLASLt SM count target), which an exchange's NCCL kernel would otherwise take
-from a persistent cuBLAS GEMM (bench/side_stream.py). `fused graphed` replays the symmetric-memory form from a graph: its
-copy-engine transfers without the host time of its many small eager calls.
+from a persistent cuBLAS GEMM (bench/side_stream.py). `fused graphed` replays the symmetric-memory form from a
+graph: its copy-engine transfers without the host time of its many small eager calls.
 """
 from __future__ import annotations
 
