@@ -13,7 +13,8 @@ the other, below 0: slower than that).
 - eager: the copy issued first, then the GEMM (the schedule's order); with CUDA_DEVICE_MAX_CONNECTIONS=1
   (the trainer's setting) both go to one hardware queue in that order.
 - graphed: the same calls captured in one CUDA graph and replayed, as the trainer's compiled FP8 layers
-  run; a graph's replay may start the GEMM first, whose persistent cuBLAS kernel then holds every SM.
+  run: whether the replay keeps the schedule's order, or starts the GEMM first, whose persistent cuBLAS
+  kernel would then hold every SM until it ends.
 - graphed, GEMM first: captured with the GEMM issued before the copy.
 - graphed, carveout: captured with the GEMM leaving --sm-carveout SMs to other kernels (torch's cuBLASLt
   SM count target); `gemm, carveout` is that GEMM alone.
