@@ -10,20 +10,29 @@ waits for the other and the step pays every TP collective in full. Split by rank
   exchanges are in flight, and each other rank's rows are multiplied as they land.
 - `mm_reduce_scatter`: the partial product of the rows rank r+k owns is made and sent to it while the
   next one is made; the own rows' partial comes last, and the partials received are added to it.
-Each exchange is an all-to-all in which every rank sends to one rank and receives from one (NCCL runs it
-as one grouped send and receive), so one rank's rows can be used as soon as they land, which a single
-all-gather (one completion for all ranks) does not give at W > 2. At W = 2 the bytes on the wire are those
-of the collective, and the sum is the same. An all-to-all rather than torch's point-to-point calls: a
-collective is what CUDA graph capture takes (the compiled FP8 layers replay graphs).
+How the rows move:
+- Gathers between GPUs of one host (`copy_engine_gather_mm`): each rank puts its rows in a buffer every
+  rank of the group has mapped (torch's symmetric memory), and pulls the others' rows from theirs with
+  cudaMemcpyAsync, which the copy engines carry over NVLink: no SMs are taken from the GEMM beside it. A
+  collective's kernel beside a persistent cuBLAS GEMM takes SMs the GEMM was given, and slows it by about
+  what it hides (bench/side_stream.py); the copy engines' pull does not.
+- Elsewhere (`exchange_gather_mm`), and for every reduce-scatter: an all-to-all in which every rank sends
+  to one rank and receives from one (NCCL runs it as one grouped send and receive), so one rank's rows can
+  be used as soon as they land, which a single all-gather (one completion for all ranks) does not give at
+  W > 2. At W = 2 the bytes on the wire are those of the collective, and the sum is the same. An
+  all-to-all rather than torch's point-to-point calls: a collective is what CUDA graph capture takes (the
+  compiled FP8 layers replay graphs). A reduce-scatter's partial sums are made by the GEMM itself, one
+  destination at a time, and leave as each is made: no copy into a mapped buffer stands before them.
 
-Why not torch's async TP (symmetric memory, copy engines): on an H200 at 7B TP=2 its fused ops ran
-slower than NCCL and the GEMM one after the other (bench/async_tp.py).
+Why not torch's fused async TP ops: their FP8 forms take tensor- or row-wise scales only, and on an H200 at
+7B TP=2 their products copied into place cost more than the overlap saved (bench/async_tp.py).
 
 The schedules take the GEMM as a callable and know nothing of FP8: the FP8 core's graph ops (ops.py)
 and the BF16 tensor-parallel linears use them alike.
 """
 from __future__ import annotations
 
+import os
 from typing import Callable, Sequence
 
 import torch
@@ -83,8 +92,101 @@ class Exchange:
 def gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequence[torch.Tensor]], None],
               group: str) -> list[list[torch.Tensor]]:
     """Calls mm(j, rank j's tensors) for every rank j of the group, this rank's own `local` first (while
-    the exchanges run), the others' as they land; mm writes rank j's rows of its product itself.
-    Returns every rank's tensors, in rank order (this rank's are `local` itself)."""
+    the others' rows move), the others' as they land; mm writes rank j's rows of its product itself.
+    Returns every rank's tensors, in rank order (this rank's are `local` itself). Between GPUs of one
+    host the rows move by copy engine, elsewhere by NCCL (or gloo) exchanges."""
+    if shares_memory(local[0], process_group(group).size()):
+        return copy_engine_gather_mm(local, mm, group)
+    return exchange_gather_mm(local, mm, group)
+
+
+def shares_memory(t: torch.Tensor, world: int) -> bool:
+    """Whether a group of `world` ranks holding CUDA tensors like `t` can map each other's memory: its ranks are
+    processes of one host. Megatron makes tensor-parallel groups of consecutive ranks (TP is the innermost
+    dimension), so a group no larger than the processes torchrun started on this host lies within it."""
+    return t.is_cuda and world <= int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+
+
+_ALIGN = 256  # bytes between the tensors of one rank's rows in the mapped buffer
+_MAPPED: dict[str, tuple[torch.Tensor, object]] = {}  # group -> (its buffer, the group's handle to it)
+# Buffers outgrown by a larger one stay allocated: a CUDA graph captured while one was current replays its address.
+_OUTGROWN: list = []
+_PULLS: dict[torch.device, torch.cuda.Stream] = {}  # device -> the stream the copy engines' pulls are issued on
+
+
+def _mapped_buffer(group: str, nbytes: int, device: torch.device):
+    """The group's symmetric-memory handle to a buffer of at least `nbytes` on every rank. Making one is a
+    collective (every rank maps every other's): all ranks come here with the same sizes, in the same order."""
+    held = _MAPPED.get(group)
+    if held is None or held[0].numel() < nbytes:
+        from torch.distributed import _symmetric_memory as symm_mem
+
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"sp_overlap: a {nbytes}-byte mapped buffer for group {group} was first needed inside "
+                               "CUDA graph capture; run the step once without capture first")
+        size = 1 << max(20, (nbytes - 1).bit_length())  # powers of two: few buffers outgrown on the way up
+        buf = symm_mem.empty(size, dtype=torch.uint8, device=device)
+        handle = symm_mem.rendezvous(buf, group)
+        if held is not None:
+            _OUTGROWN.append(held)
+        held = _MAPPED[group] = (buf, handle)
+    return held[1]
+
+
+def copy_engine_gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequence[torch.Tensor]], None],
+                          group: str) -> list[list[torch.Tensor]]:
+    """gather_mm over symmetric memory: this rank's tensors copied into its mapped buffer, a barrier, then
+    each other rank's pulled from its buffer on a side stream while the own rows' GEMM runs, each other
+    rank's GEMM once its rows are in. The barrier at the start of the next call keeps a rank from
+    overwriting its buffer before every rank has pulled from it (each rank's barrier follows its pulls on
+    the current stream)."""
+    pg = process_group(group)
+    world, rank = pg.size(), pg.rank()
+    wires = [_wire_form(t) for t in local]
+    flips = [flip for _, flip in wires]
+    wires = [w for w, _ in wires]
+    offsets, end = [], 0
+    for w in wires:
+        offsets.append(end)
+        end += -(-w.numel() * w.element_size() // _ALIGN) * _ALIGN
+    device = wires[0].device
+    handle = _mapped_buffer(group, end, device)
+
+    def mapped(j: int) -> list[torch.Tensor]:  # rank j's tensors in its buffer
+        return [handle.get_buffer(j, w.shape, w.dtype, off // w.element_size()) for w, off in zip(wires, offsets)]
+
+    current = torch.cuda.current_stream(device)
+    if device not in _PULLS:
+        _PULLS[device] = torch.cuda.Stream(device)
+    pulls = _PULLS[device]
+    handle.barrier(channel=0)
+    for dst, w in zip(mapped(rank), wires):
+        dst.copy_(w)
+    handle.barrier(channel=1)
+    pulls.wait_stream(current)
+    arrivals = []  # pulls issued before the own rows' GEMM: under one hardware queue they are not queued behind it
+    for k in range(1, world):
+        src = (rank - k) % world
+        outs = [torch.empty_like(w) for w in wires]  # made on the current stream, which waits for the pull
+        with torch.cuda.stream(pulls):
+            for out, remote in zip(outs, mapped(src)):
+                out.copy_(remote)
+            landed = torch.cuda.Event()
+            landed.record(pulls)
+        arrivals.append((src, outs, landed))
+    mm(rank, local)
+    everyone = {rank: list(local)}
+    for src, outs, landed in arrivals:
+        current.wait_event(landed)
+        tensors = [o.t() if flip else o for o, flip in zip(outs, flips)]
+        mm(src, tensors)
+        everyone[src] = tensors
+    return [everyone[j] for j in range(world)]
+
+
+def exchange_gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequence[torch.Tensor]], None],
+                       group: str) -> list[list[torch.Tensor]]:
+    """gather_mm over all-to-all exchanges (module docstring)."""
     exchange = Exchange(local, group)
     mm(exchange.rank, local)
     everyone = {exchange.rank: list(local)}

@@ -1,0 +1,31 @@
+"""infir.fp8.sp_overlap's split gathers give what one all-gather gives (sp_overlap_worker.py under torchrun): the
+all-to-all exchanges on CPU (gloo, two and four ranks), and on two GPUs also the copy engines' pulls over
+symmetric memory, back to back, growing and replayed from a CUDA graph."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+from trainrun import worker_rows  # noqa: E402
+
+WORKER = str(Path(__file__).resolve().parent / "sp_overlap_worker.py")
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_exchanges_gather_what_an_all_gather_does(nproc):
+    rows = worker_rows(WORKER, nproc=nproc)
+    for r in rows:
+        assert r["exchange"] == [True] * 4 and r["shares_memory"] is False, r
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_copy_engines_gather_what_an_all_gather_does():
+    for r in worker_rows(WORKER, "cuda", nproc=2):
+        assert r["shares_memory"] is True, r
+        assert r["exchange"] == r["copy_engine"] == [True] * 4, r
+        assert r["graphed"] == [True, True], r
