@@ -7,9 +7,10 @@ strategy says what the input and its gradient go through:
 - `SequenceParallel(group, world, overlap)`: the input is this rank's shard of the sequence (a
   column-parallel layer). Its FP8 operand (bytes + scales) is all-gathered for fprop (half the bytes of
   gathering BF16), X^T's shards are kept local and gathered only in backward (half the saved memory at
-  TP=2), and dgrad's dX is reduce-scattered back to the shards. With `overlap` the fprop gather is split
-  per rank around the GEMM (sp_overlap.py); the backward's gather and reduce-scatter overlap dgrad and
-  wgrad either way.
+  TP=2), and dgrad's dX is reduce-scattered back to the shards. With `overlap` each is split per rank
+  around its GEMM (sp_overlap.py): the fprop gather, dX's reduce-scatter around dgrad, X^T's gather
+  around wgrad; without, the backward's gather and reduce-scatter are started before dgrad and wgrad and
+  waited for after them.
 - `SequenceParallelOutput(group, world)`: the output is reduce-scattered to this rank's shard of the
   sequence (a row-parallel layer), split per rank around the fprop GEMM; in backward dY's shards come
   in as FP8 operands (dY along N for dgrad, split per rank around it, and dY^T for wgrad), half the
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops import fp8_gather_mm, fp8_mm, fp8_mm_reduce_scatter
+from .ops import fp8_gather_mm, fp8_gather_wgrad, fp8_mm, fp8_mm_reduce_scatter
 from .quantize import TOKEN_BLOCK
 
 
@@ -87,6 +88,17 @@ class SequenceParallel:
         a, a_scale = self.gather_wait(self.gather_start((a, a_scale), 0))
         return fp8_mm(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale)
 
+    def dgrad_mm(self, dy, dy_scale, dy_gran: str, w, w_scale, w_gran: str, out_dtype: torch.dtype, w_mm_t):
+        """This rank's shard of dX = dY @ W summed over the group (overlap): dX's reduce-scatter split per rank
+        around the dgrad GEMM, dY's rows one destination rank at a time."""
+        return fp8_mm_reduce_scatter(dy, dy_scale, dy_gran, w, w_scale, w_gran, out_dtype, True, w_mm_t, self.group,
+                                     self.world)
+
+    def gather_wgrad(self, dyt, dyt_scale, dyt_gran: str, xt, xt_scale, xt_gran: str, weight):
+        """dW from dY^T (every token) and X^T's shards (overlap): X^T's gather split per rank around the wgrad
+        GEMMs, into `weight`'s main_grad (a placeholder returned) or, with weight None, as FP32."""
+        return fp8_gather_wgrad(dyt, dyt_scale, dyt_gran, xt, xt_scale, xt_gran, weight, self.group, self.world)
+
     def gather_start(self, tensors, dim: int) -> list:
         """Starts one all-gather of every rank's tensors (an FP8 operand's data and scales), each to be
         concatenated along dim (0 or 1) in rank order by gather_wait. One coalesced collective, not one per
@@ -137,7 +149,7 @@ class SequenceParallelOutput:
         return rows // self.world
 
     def forward_mm(self, a, a_scale, a_gran: str, b, b_scale, b_gran: str, out_dtype: torch.dtype, b_mm_scale):
-        return fp8_mm_reduce_scatter(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_mm_scale, self.group,
+        return fp8_mm_reduce_scatter(a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale, self.group,
                                      self.world)
 
     def gather_dgrad(self, dy, dy_scale, dy_gran: str, w, w_scale, w_gran: str, out_dtype: torch.dtype, w_mm_t,

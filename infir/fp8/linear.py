@@ -129,6 +129,10 @@ class Fp8LinearFunction(torch.autograd.Function):
         if isinstance(comm, SequenceParallelOutput):
             dx, dw = _backward_output_scattered(st, saved, dy, comm)
             return (dx, dw, None, None, None, None, None) + (None,) * 5
+        if isinstance(comm, SequenceParallel) and comm.overlap:
+            dx, dw = _backward_input_gathered_split(st, saved, dy, comm)
+            db = dy.float().sum(0) if st.need_bias_grad else None
+            return (dx, dw, None, None, None, None, db) + (None,) * 5
         # megatron's order under sequence parallelism: X^T's shards are gathered around dY's
         # quantization and dgrad, and dX's reduce-scatter around wgrad
         pending = comm.gather_start((saved["xt"], saved["xt_scale"]), 1) if st.need_wgrad else None
@@ -147,13 +151,32 @@ class Fp8LinearFunction(torch.autograd.Function):
         return (dx, dw, None, None, None, None, db) + (None,) * 5
 
 
-def _wgrad(st: _Saved, saved: dict, dyt, xt: torch.Tensor, xt_scale: torch.Tensor):
+def _backward_input_gathered_split(st: _Saved, saved: dict, dy: torch.Tensor, comm: SequenceParallel):
+    """(dX, dW) of a column-parallel linear whose input was gathered (SequenceParallel with overlap): dX's
+    reduce-scatter split per rank around dgrad, X^T's gather split per rank around wgrad."""
+    (qdy, sdy, gdy), dyt = _grad_operands(st, saved, dy)
+    dx = dw = None
+    if st.need_dgrad:
+        dx = comm.dgrad_mm(qdy, sdy, gdy, saved["w"], saved["w_scale"], st.spec.weight_granularity, st.x_dtype,
+                           saved.get("w_mm_t"))
+    if st.need_wgrad:
+        dw = _wgrad(st, saved, dyt, saved["xt"], saved["xt_scale"], comm)
+    return dx, dw
+
+
+def _wgrad(st: _Saved, saved: dict, dyt, xt: torch.Tensor, xt_scale: torch.Tensor, split=None):
     """dW = dY^T (X^T)^T from both operands along the tokens: added into main_grad (then an unwritten
-    placeholder or None is returned), or in the weight's dtype for autograd."""
+    placeholder or None is returned), or in the weight's dtype for autograd. `split`: a SequenceParallel
+    strategy whose X^T shards are gathered per rank around the wgrad GEMMs (xt is this rank's shard)."""
     xt_gran = gemm_granularity(st.spec.input.granularity)
-    if not st.to_main_grad:
+    if split is not None:
+        dw = split.gather_wgrad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved.get("weight"))
+        if not st.to_main_grad:
+            return dw.to(st.w_dtype)
+    elif not st.to_main_grad:
         return fp8_mm(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, st.w_dtype)
-    dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
+    else:
+        dw = fp8_wgrad_main_grad(dyt[0], dyt[1], dyt[2], xt, xt_scale, xt_gran, saved["weight"])
     # dw is the op's unwritten placeholder. A compiled graph needs it, or it prunes the op; megatron
     # DDP's grad hook needs a .grad to be there (overlap_grad_reduce asserts it), skips adding it
     # (grad_added_to_main_grad) and drops it. Elsewhere the weight's .grad stays None: it is all in

@@ -102,24 +102,67 @@ fp8_gather_mm = define_op(
 
 
 def _fp8_mm_reduce_scatter(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
-                           b_gran: str, out_dtype: torch.dtype, b_mm_scale: torch.Tensor | None, group: str,
-                           world: int) -> torch.Tensor:
-    """This rank's m = M/W rows of sum over the group of A [M, K] @ B^T (each rank's A and B its K-shards),
-    with the reduce-scatter split per rank and overlapped with the GEMMs (sp_overlap.mm_reduce_scatter)."""
+                           b_gran: str, out_dtype: torch.dtype, b_transposed: bool, b_mm_scale: torch.Tensor | None,
+                           group: str, world: int) -> torch.Tensor:
+    """This rank's m = M/W rows of sum over the group of A [M, K] @ B^T (each rank's A and B its K-shards: a
+    row-parallel fprop; or dY and W for a column-parallel dgrad, B stored transposed), with the reduce-scatter
+    split per rank and overlapped with the GEMMs (sp_overlap.mm_reduce_scatter)."""
     m = a.shape[0] // world
 
     def mm(j: int) -> torch.Tensor:
         lo, hi = j * m, (j + 1) * m
-        return _fp8_mm(_rows(a, lo, hi), _rows(a_scale, lo, hi), a_gran, b, b_scale, b_gran, out_dtype, False, b_mm_scale)
+        return _fp8_mm(_rows(a, lo, hi), _rows(a_scale, lo, hi), a_gran, b, b_scale, b_gran, out_dtype, b_transposed,
+                       b_mm_scale)
 
     return mm_reduce_scatter(mm, group)
 
 
 fp8_mm_reduce_scatter = define_op(
     "fp8_mm_reduce_scatter", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, "
-    "ScalarType out_dtype, Tensor? b_mm_scale, str group, int world) -> Tensor", _fp8_mm_reduce_scatter,
-    lambda a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_mm_scale, group, world:
-        a.new_empty((a.shape[0] // world, b.shape[0]), dtype=out_dtype))
+    "ScalarType out_dtype, bool b_transposed, Tensor? b_mm_scale, str group, int world) -> Tensor",
+    _fp8_mm_reduce_scatter,
+    lambda a, a_scale, a_gran, b, b_scale, b_gran, out_dtype, b_transposed, b_mm_scale, group, world:
+        a.new_empty((a.shape[0] // world, b.shape[1 if b_transposed else 0]), dtype=out_dtype))
+
+
+def _cols(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Columns lo:hi of an operand's data or scale (along the tokens of a wgrad operand, K-major), contiguous;
+    an outer-dim-major scale stays outer-dim-major."""
+    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
+        return t.t()[lo:hi].t()
+    return t[:, lo:hi].contiguous()
+
+
+def _fp8_gather_wgrad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
+                      b_gran: str, weight: torch.Tensor | None, group: str, world: int) -> torch.Tensor:
+    """dW [N, K] = A [N, M] @ (every rank's B [K, m], in rank order)^T, the wgrad of a column-parallel linear
+    under sequence parallelism (A: dY^T along all M tokens, B: this rank's X^T shard), with B's all-gather split
+    per rank and overlapped with the GEMMs (sp_overlap.gather_mm): each rank's shard is multiplied by A's
+    columns of its tokens as it lands, the products summed in FP32. With `weight`: summed into its main_grad,
+    and an unwritten placeholder returned (as fp8_wgrad_main_grad); else dW in FP32. A's 128-token scale
+    groups line up with the shards (SequenceParallel.takes)."""
+    m = b.shape[1]
+    acc = weight.main_grad if weight is not None else a.new_zeros((a.shape[0], b.shape[0]), dtype=torch.float32)
+
+    def mm(j: int, tensors) -> None:
+        lo, hi = j * m, (j + 1) * m
+        qa = QTensor(_cols(a, lo, hi), _cols(a_scale, lo // TOKEN_BLOCK, hi // TOKEN_BLOCK), a_gran)
+        qb = QTensor(tensors[0].contiguous(), tensors[1], b_gran)
+        fp8_gemm_accumulate(qa, qb, acc)
+
+    gather_mm([b, b_scale], mm, group)
+    return torch.empty_like(weight) if weight is not None else acc
+
+
+def _fp8_gather_wgrad_fake(a, a_scale, a_gran, b, b_scale, b_gran, weight, group, world):
+    if weight is not None:
+        return torch.empty_like(weight)
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.float32)
+
+
+fp8_gather_wgrad = define_op(
+    "fp8_gather_wgrad", "(Tensor a, Tensor a_scale, str a_gran, Tensor b, Tensor b_scale, str b_gran, Tensor? weight, "
+    "str group, int world) -> Tensor", _fp8_gather_wgrad, _fp8_gather_wgrad_fake)
 
 
 def _fp8_wgrad_main_grad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
