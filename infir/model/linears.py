@@ -17,8 +17,8 @@ Communication:
 With `tp_comm_overlap` (megatron's TransformerConfig field, otherwise read only by Transformer Engine's
 layers) the sequence-parallel collectives are split per rank around the GEMMs (infir.fp8.sp_overlap):
 the column-parallel input's gather around the fprop GEMM, the row-parallel output's reduce-scatter around
-it, dY's gather around the row-parallel dgrad; the column-parallel backward gathers X around dgrad and
-reduce-scatters dX around wgrad, megatron's order. The split schedules run inside opaque graph ops, so
+it, dY's gather around the row-parallel dgrad, dX's reduce-scatter around the column-parallel dgrad and
+X's gather around its wgrad. The split schedules run inside opaque graph ops, so
 that a compiled layer keeps their order (each GEMM between its exchange's start and wait) and their writes
 into rows of one output.
 Why not megatron's SP mappings: they write into a preallocated output with the in-place c10d calls, and
@@ -100,8 +100,22 @@ _linear_reduce_scatter = define_op(
     lambda x, w, group, world: x.new_empty((x.shape[0] // world, w.shape[0])))
 
 
+def _bf16_gather_wgrad(x: torch.Tensor, dy: torch.Tensor, group: str, world: int) -> torch.Tensor:
+    """dW = dY^T @ (every rank's x rows, in rank order), x's gather split per rank around the GEMMs: each
+    rank's rows multiplied by dY's rows of its tokens as they land, the products summed in FP32."""
+    m = x.shape[0]
+    acc = dy.new_zeros((dy.shape[1], x.shape[1]), dtype=torch.float32)
+    gather_mm([x], lambda j, t: acc.add_(dy[j * m:(j + 1) * m].t() @ t[0]), group)
+    return acc.to(dy.dtype)
+
+
+_gather_wgrad = define_op("sp_gather_wgrad", "(Tensor x, Tensor dy, str group, int world) -> Tensor", _bf16_gather_wgrad,
+                          lambda x, dy, group, world: dy.new_empty((dy.shape[1], x.shape[1])))
+
+
 class _OverlappedColumn(torch.autograd.Function):
-    """y = gather(x) @ w^T over the sequence shards, the gather split per rank around the GEMM."""
+    """y = gather(x) @ w^T over the sequence shards, the gather split per rank around the GEMM; in backward
+    dX's reduce-scatter split per rank around dgrad and x's gather around wgrad."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, group: str, world: int) -> torch.Tensor:
@@ -112,10 +126,9 @@ class _OverlappedColumn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, w = ctx.saved_tensors
-        gathered = torch.ops._c10d_functional.all_gather_into_tensor(x.contiguous(), ctx.world, ctx.group)
-        dx = torch.ops._c10d_functional.reduce_scatter_tensor(dy @ w, "sum", ctx.world, ctx.group)
-        dw = dy.t() @ torch.ops._c10d_functional.wait_tensor(gathered)
-        return torch.ops._c10d_functional.wait_tensor(dx), dw, None, None
+        dy = dy.contiguous()
+        dx = _linear_reduce_scatter(dy, w.t(), ctx.group, ctx.world)  # dY @ W, one destination's rows at a time
+        return dx, _gather_wgrad(x.contiguous(), dy, ctx.group, ctx.world), None, None
 
 
 class _OverlappedRow(torch.autograd.Function):
