@@ -137,8 +137,8 @@ def row_cases(tokens: int, k: int, n: int, group):
     w_block = quantize(w, "block", "ue8m0").scale
 
     def split8():
-        return fp8_mm_reduce_scatter(data, outer_dim_major(scale), "token", wq, w_block, "block", torch.bfloat16, ws,
-                                     name, world)
+        return fp8_mm_reduce_scatter(data, outer_dim_major(scale), "token", wq, w_block, "block", torch.bfloat16, False,
+                                     ws, name, world)
 
     fp8 = ("fp8", lambda: fp8_mm(data, scale, wq, ws), lambda: dist.reduce_scatter_tensor(mine, y, group=group),
            lambda: (dist.reduce_scatter_tensor(mine, fp8_mm(data, scale, wq, ws), group=group), mine)[1], fused8, split8)
