@@ -23,10 +23,12 @@ The split form also replays from a CUDA graph, as the trainer's compiled FP8 lay
 without the host time of its eager calls. `split graphed, carveout` captures the GEMMs with --sm-carveout SMs
 left to other kernels (torch's cuBLASLt SM count target), which an exchange's NCCL kernel would otherwise take
 from a persistent cuBLAS GEMM (bench/side_stream.py). `fused graphed` replays the symmetric-memory form from a
-graph: its copy-engine transfers without the host time of its many small eager calls.
+graph: its copy-engine transfers without the host time of its many small eager calls. For the column-parallel
+GEMMs, `split graphed, exchanges` moves the split gather's rows by NCCL exchanges instead of the copy engines.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -151,6 +153,20 @@ def graphed(fn, carveout: int | None):
     return graph.replay, out
 
 
+@contextlib.contextmanager
+def exchanges_only():
+    """infir's split gathers over NCCL exchanges even between GPUs of one host, as they moved before the copy
+    engines took them: the same-run baseline of that change (captured so, a graph replays it so)."""
+    from infir.fp8 import sp_overlap
+
+    real = sp_overlap.shares_memory
+    sp_overlap.shares_memory = lambda t, world: False
+    try:
+        yield
+    finally:
+        sp_overlap.shares_memory = real
+
+
 def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, iters: int,
             carveout: int) -> list[dict]:
     rows = []
@@ -161,6 +177,10 @@ def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, it
             forms += [("split graphed", replay), ("split graphed, carveout", carved)]
         except RuntimeError as e:  # the eager forms' figures stand without the graphed ones
             print(f"{gemm} {precision}: the split form was not captured in a CUDA graph: {e}", flush=True)
+        if side is column_cases:
+            with exchanges_only():
+                exchanged, exchanged_out = graphed(split, None)
+            forms.append(("split graphed, exchanges", exchanged))
         try:  # the copy engines' transfers without the host's launch time
             fused_replay, fused_replayed = graphed(fused, None)
             forms.append(("fused graphed", fused_replay))
@@ -179,6 +199,9 @@ def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, it
                          "split graphed, carveout hidden": (t["sequential"] - t["split graphed, carveout"]) / shorter,
                          "graphed vs sequential (rel.)": max(rel_diff(replayed, seq()), rel_diff(carved_out, seq()))}
                         if "split graphed" in t else {}),
+                     **({"split graphed, exchanges ms": t["split graphed, exchanges"],
+                         "exchanges vs sequential (rel.)": rel_diff(exchanged_out, seq())}
+                        if "split graphed, exchanges" in t else {}),
                      **({"fused graphed ms": t["fused graphed"],
                          "fused graphed hidden": (t["sequential"] - t["fused graphed"]) / shorter,
                          "fused graphed vs sequential (rel.)": rel_diff(fused_replayed, seq())}
