@@ -125,8 +125,12 @@ def _mapped_buffer(group: str, nbytes: int, device: torch.device):
             raise RuntimeError(f"sp_overlap: a {nbytes}-byte mapped buffer for group {group} was first needed inside "
                                "CUDA graph capture; run the step once without capture first")
         size = 1 << max(20, (nbytes - 1).bit_length())  # powers of two: few buffers outgrown on the way up
-        buf = symm_mem.empty(size, dtype=torch.uint8, device=device)
-        handle = symm_mem.rendezvous(buf, group)
+        try:
+            buf = symm_mem.empty(size, dtype=torch.uint8, device=device)
+            handle = symm_mem.rendezvous(buf, group)
+        except RuntimeError as e:
+            raise RuntimeError(f"sp_overlap: the GPUs of tensor-parallel group {group} could not map each other's "
+                               f"memory ({e}); run with parallel.tp_comm_overlap=false") from e
         if held is not None:
             _OUTGROWN.append(held)
         held = _MAPPED[group] = (buf, handle)
