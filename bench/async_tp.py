@@ -23,8 +23,8 @@ The split form also replays from a CUDA graph, as the trainer's compiled FP8 lay
 without the host time of its eager calls. `split graphed, carveout` captures the GEMMs with --sm-carveout SMs
 left to other kernels (torch's cuBLASLt SM count target), which an exchange's NCCL kernel would otherwise take
 from a persistent cuBLAS GEMM (bench/side_stream.py). `fused graphed` replays the symmetric-memory form from a
-graph: its copy-engine transfers without the host time of its many small eager calls. For the column-parallel
-GEMMs, `split graphed, exchanges` moves the split gather's rows by NCCL exchanges instead of the copy engines.
+graph: its copy-engine transfers without the host time of its many small eager calls. `split graphed, exchanges`
+moves the split schedules' rows and partials by NCCL exchanges instead of the copy engines.
 """
 from __future__ import annotations
 
@@ -155,12 +155,12 @@ def graphed(fn, carveout: int | None):
 
 @contextlib.contextmanager
 def exchanges_only():
-    """infir's split gathers over NCCL exchanges even between GPUs of one host, as they moved before the copy
+    """infir's split schedules over NCCL exchanges even between GPUs of one host, as they moved before the copy
     engines took them: the same-run baseline of that change (captured so, a graph replays it so)."""
     from infir.fp8 import sp_overlap
 
     real = sp_overlap.shares_memory
-    sp_overlap.shares_memory = lambda t, world: False
+    sp_overlap.shares_memory = lambda group: False
     try:
         yield
     finally:
@@ -177,10 +177,9 @@ def measure(gemm: str, side, tokens: int, k: int, n: int, group, warmup: int, it
             forms += [("split graphed", replay), ("split graphed, carveout", carved)]
         except RuntimeError as e:  # the eager forms' figures stand without the graphed ones
             print(f"{gemm} {precision}: the split form was not captured in a CUDA graph: {e}", flush=True)
-        if side is column_cases:
-            with exchanges_only():
-                exchanged, exchanged_out = graphed(split, None)
-            forms.append(("split graphed, exchanges", exchanged))
+        with exchanges_only():
+            exchanged, exchanged_out = graphed(split, None)
+        forms.append(("split graphed, exchanges", exchanged))
         try:  # the copy engines' transfers without the host's launch time
             fused_replay, fused_replayed = graphed(fused, None)
             forms.append(("fused graphed", fused_replay))

@@ -11,18 +11,18 @@ waits for the other and the step pays every TP collective in full. Split by rank
 - `mm_reduce_scatter`: the partial product of the rows rank r+k owns is made and sent to it while the
   next one is made; the own rows' partial comes last, and the partials received are added to it.
 How the rows move:
-- Gathers between GPUs of one host (`copy_engine_gather_mm`): each rank puts its rows in a buffer every
-  rank of the group has mapped (torch's symmetric memory), and pulls the others' rows from theirs with
-  cudaMemcpyAsync, which the copy engines carry over NVLink: no SMs are taken from the GEMM beside it. A
-  collective's kernel beside a persistent cuBLAS GEMM takes SMs the GEMM was given, and slows it by about
-  what it hides (bench/side_stream.py); the copy engines' pull does not.
-- Elsewhere (`exchange_gather_mm`), and for every reduce-scatter: an all-to-all in which every rank sends
+- Between GPUs of one host (`copy_engine_gather_mm`, `copy_engine_mm_reduce_scatter`): every rank of the
+  group maps a buffer of every other (torch's symmetric memory). A gather's rows are put in the own buffer
+  and pulled from the others' with cudaMemcpyAsync, a reduce-scatter's partials pushed into a slot of
+  their owner's buffer as each is made; the copy engines carry both over NVLink, and no SMs are taken
+  from the GEMM beside them. A collective's kernel beside a persistent cuBLAS GEMM takes SMs the GEMM was
+  given, and slows it by about what it hides (bench/side_stream.py).
+- Elsewhere (`exchange_gather_mm`, `exchange_mm_reduce_scatter`): an all-to-all in which every rank sends
   to one rank and receives from one (NCCL runs it as one grouped send and receive), so one rank's rows can
   be used as soon as they land, which a single all-gather (one completion for all ranks) does not give at
   W > 2. At W = 2 the bytes on the wire are those of the collective, and the sum is the same. An
   all-to-all rather than torch's point-to-point calls: a collective is what CUDA graph capture takes (the
-  compiled FP8 layers replay graphs). A reduce-scatter's partial sums are made by the GEMM itself, one
-  destination at a time, and leave as each is made: no copy into a mapped buffer stands before them.
+  compiled FP8 layers replay graphs).
 
 Why not torch's fused async TP ops: their FP8 forms take tensor- or row-wise scales only, and on an H200 at
 7B TP=2 their products copied into place cost more than the overlap saved (bench/async_tp.py).
@@ -95,23 +95,31 @@ def gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequence[torch.T
     the others' rows move), the others' as they land; mm writes rank j's rows of its product itself.
     Returns every rank's tensors, in rank order (this rank's are `local` itself). Between GPUs of one
     host the rows move by copy engine, elsewhere by NCCL (or gloo) exchanges."""
-    if shares_memory(local[0], process_group(group).size()):
+    if shares_memory(group):
         return copy_engine_gather_mm(local, mm, group)
     return exchange_gather_mm(local, mm, group)
 
 
-def shares_memory(t: torch.Tensor, world: int) -> bool:
-    """Whether a group of `world` ranks holding CUDA tensors like `t` can map each other's memory: its ranks are
-    processes of one host. Megatron makes tensor-parallel groups of consecutive ranks (TP is the innermost
-    dimension), so a group no larger than the processes torchrun started on this host lies within it."""
-    return t.is_cuda and world <= int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+def shares_memory(group: str) -> bool:
+    """Whether the group's GPUs can map each other's memory: an NCCL group whose ranks are processes of one
+    host. Megatron makes tensor-parallel groups of consecutive ranks (TP is the innermost dimension), so a
+    group no larger than the processes torchrun started on this host lies within it."""
+    pg = process_group(group)
+    return dist.get_backend(pg) == "nccl" and pg.size() <= int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the copy engines' pulls and pushes are issued on."""
+    if device not in _SIDE:
+        _SIDE[device] = torch.cuda.Stream(device)
+    return _SIDE[device]
 
 
 _ALIGN = 256  # bytes between the tensors of one rank's rows in the mapped buffer
 _MAPPED: dict[str, tuple[torch.Tensor, object]] = {}  # group -> (its buffer, the group's handle to it)
 # Buffers outgrown by a larger one stay allocated: a CUDA graph captured while one was current replays its address.
 _OUTGROWN: list = []
-_PULLS: dict[torch.device, torch.cuda.Stream] = {}  # device -> the stream the copy engines' pulls are issued on
+_SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
 def _mapped_buffer(group: str, nbytes: int, device: torch.device):
@@ -160,9 +168,7 @@ def copy_engine_gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequ
         return [handle.get_buffer(j, w.shape, w.dtype, off // w.element_size()) for w, off in zip(wires, offsets)]
 
     current = torch.cuda.current_stream(device)
-    if device not in _PULLS:
-        _PULLS[device] = torch.cuda.Stream(device)
-    pulls = _PULLS[device]
+    pulls = _side_stream(device)
     handle.barrier(channel=0)
     for dst, w in zip(mapped(rank), wires):
         dst.copy_(w)
@@ -203,7 +209,16 @@ def exchange_gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequenc
 def mm_reduce_scatter(mm: Callable[[int], torch.Tensor], group: str) -> torch.Tensor:
     """This rank's rows of the sum over the group's ranks of their partial products: mm(j) is this
     rank's partial product of the rows rank j owns (a new tensor). Each other rank's partial is made and
-    sent while the next is made; the sum is the own partial plus the received ones, in exchange order."""
+    sent while the next is made; the sum is the own partial plus the received ones, in exchange order
+    (rank r-1's first, then r-2's, ...). Between GPUs of one host the partials move by copy engine,
+    elsewhere by NCCL (or gloo) exchanges."""
+    if shares_memory(group):
+        return copy_engine_mm_reduce_scatter(mm, group)
+    return exchange_mm_reduce_scatter(mm, group)
+
+
+def exchange_mm_reduce_scatter(mm: Callable[[int], torch.Tensor], group: str) -> torch.Tensor:
+    """mm_reduce_scatter over all-to-all exchanges (module docstring)."""
     pg = process_group(group)
     world, rank = pg.size(), pg.rank()
     pending = []
@@ -214,6 +229,38 @@ def mm_reduce_scatter(mm: Callable[[int], torch.Tensor], group: str) -> torch.Te
     out = mm(rank)
     for sent, part in pending:
         out += _landed(sent, part)
+    return out
+
+
+def copy_engine_mm_reduce_scatter(mm: Callable[[int], torch.Tensor], group: str) -> torch.Tensor:
+    """mm_reduce_scatter over symmetric memory: each partial, once made, pushed by cudaMemcpyAsync into
+    the slot for this rank in its owner's mapped buffer, on a side stream while the next is made; a
+    barrier once every push has landed, then the own partial plus the slots. The barrier at the start
+    (after the first partial's GEMM) keeps a rank from pushing into a buffer its owner is still summing."""
+    pg = process_group(group)
+    world, rank = pg.size(), pg.rank()
+    first = mm((rank + 1) % world)
+    slot = -(-first.numel() * first.element_size() // _ALIGN) * _ALIGN
+    handle = _mapped_buffer(group, world * slot, first.device)
+
+    def slot_of(owner: int, src: int) -> torch.Tensor:  # where src's partial for `owner` lands
+        return handle.get_buffer(owner, first.shape, first.dtype, src * slot // first.element_size())
+
+    current, pushes = torch.cuda.current_stream(first.device), _side_stream(first.device)
+    handle.barrier(channel=0)
+    parts = []  # kept until the current stream has waited for their pushes
+    for k in range(1, world):
+        dst = (rank + k) % world
+        part = first if k == 1 else mm(dst)
+        pushes.wait_stream(current)
+        with torch.cuda.stream(pushes):
+            slot_of(dst, rank).copy_(part)
+        parts.append(part)
+    out = mm(rank)
+    current.wait_stream(pushes)
+    handle.barrier(channel=1)
+    for k in range(1, world):
+        out += slot_of(rank, (rank - k) % world)
     return out
 
 

@@ -2,10 +2,11 @@
 rows of a product are made by `mm` as the rows arrive, and every rank's tensors come back in rank order.
 
 - gloo (CPU): the all-to-all exchanges.
-- NCCL (two GPUs of one host): the exchanges and the copy engines' pulls over symmetric memory, eagerly
-  (back-to-back calls with new data each: a rank must not refill its mapped buffer before the others pulled
-  from it; a call larger than the buffer so far: a new one is mapped) and replayed from a CUDA graph whose
-  inputs change between replays.
+- NCCL (two GPUs of one host): the exchanges and the copy engines' pulls and pushes over symmetric memory,
+  eagerly (back-to-back calls with new data each: a rank must not refill its mapped buffer before the
+  others are done with it; a call larger than the buffer so far: a new one is mapped) and replayed from a
+  CUDA graph whose inputs change between replays.
+Reduce-scatters likewise, against one reduce-scatter.
 
 Run by test_sp_overlap.py; prints one JSON line per rank.
 """
@@ -76,13 +77,33 @@ def matches(fn, local) -> bool:
     return torch.equal(out, ref) and all(torch.equal(a, b) for e, r in zip(everyone, ref_everyone) for a, b in zip(e, r))
 
 
-transports = {"exchange": sp_overlap.exchange_gather_mm}
+def reduce_scatter(fn, m: int, seed: int):
+    """This rank's rows of the sum over ranks of x_r @ w^T (each rank's own x_r of W*m rows), by fn (a
+    sp_overlap reduce-scatter) and by one reduce-scatter."""
+    g = torch.Generator().manual_seed(1000 * seed + rank)
+    x = torch.randn(world * m, 96, generator=g).to(device)
+    got = fn(lambda j: x[j * m:(j + 1) * m] @ w.t(), group)
+    ref = torch.empty(m, 64, device=device)
+    dist.reduce_scatter_tensor(ref, x @ w.t())
+    return got, ref
+
+
+gathers = {"exchange": sp_overlap.exchange_gather_mm}
+scatters = {"exchange": sp_overlap.exchange_mm_reduce_scatter}
 if on_gpu:
-    transports["copy_engine"] = sp_overlap.copy_engine_gather_mm
-result = {"rank": rank, "shares_memory": sp_overlap.shares_memory(w, world)}
-for name, fn in transports.items():
-    # back to back, new data each call, then a larger call (the copy engines map a larger buffer)
-    result[name] = [matches(fn, operands(m, seed)) for seed, m in enumerate([128, 128, 128, 16384])]
+    gathers["copy_engine"] = sp_overlap.copy_engine_gather_mm
+    scatters["copy_engine"] = sp_overlap.copy_engine_mm_reduce_scatter
+result = {"rank": rank, "shares_memory": sp_overlap.shares_memory(group)}
+sizes = [128, 128, 128, 16384]  # back to back, new data each call, then a larger one (a larger buffer mapped)
+for name, fn in gathers.items():
+    result[name] = [matches(fn, operands(m, seed)) for seed, m in enumerate(sizes)]
+sums = {name: [reduce_scatter(fn, m, seed) for seed, m in enumerate(sizes)] for name, fn in scatters.items()}
+for name, runs in sums.items():
+    # the partials summed in another order than NCCL's: FP32 rounding apart
+    result[f"{name}_reduce_scatter"] = [torch.allclose(got, ref, rtol=1e-4, atol=1e-4) for got, ref in runs]
+if on_gpu:  # both transports add the partials in the same order: the same bits
+    result["reduce_scatter_transports_equal"] = [torch.equal(a[0], b[0])
+                                                 for a, b in zip(sums["exchange"], sums["copy_engine"])]
 if on_gpu:
     local = operands(256, 7)
     fn = sp_overlap.copy_engine_gather_mm
@@ -98,5 +119,21 @@ if on_gpu:
         graph.replay()
         replays.append(torch.equal(out, whole(local)[0]))
     result["graphed"] = replays
+    # the reduce-scatter replayed from a graph whose input changes between replays
+    x = torch.randn(world * 256, 96, device=device)
+    rs = lambda: sp_overlap.copy_engine_mm_reduce_scatter(lambda j: x[j * 256:(j + 1) * 256] @ w.t(), group)  # noqa: E731
+    rs()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rs()
+    replays = []
+    for seed in (8, 9):
+        x.copy_(torch.randn(world * 256, 96, generator=torch.Generator().manual_seed(seed + 10 * rank)).to(device))
+        graph.replay()
+        ref = torch.empty(256, 64, device=device)
+        dist.reduce_scatter_tensor(ref, x @ w.t())
+        replays.append(torch.allclose(out, ref, rtol=1e-4, atol=1e-4))
+    result["graphed_reduce_scatter"] = replays
 print_rows(result)
 dist.destroy_process_group()

@@ -1,6 +1,6 @@
 """infir.fp8.sp_overlap's split gathers give what one all-gather gives (sp_overlap_worker.py under torchrun): the
 all-to-all exchanges on CPU (gloo, two and four ranks), and on two GPUs also the copy engines' pulls over
-symmetric memory, back to back, growing and replayed from a CUDA graph."""
+symmetric memory, back to back, growing and replayed from a CUDA graph; reduce-scatters likewise."""
 from __future__ import annotations
 
 import sys
@@ -19,7 +19,7 @@ WORKER = str(Path(__file__).resolve().parent / "sp_overlap_worker.py")
 def test_exchanges_gather_what_an_all_gather_does(nproc):
     rows = worker_rows(WORKER, nproc=nproc)
     for r in rows:
-        assert r["exchange"] == [True] * 4 and r["shares_memory"] is False, r
+        assert r["exchange"] == r["exchange_reduce_scatter"] == [True] * 4 and r["shares_memory"] is False, r
 
 
 @pytest.mark.gpu
@@ -28,4 +28,6 @@ def test_copy_engines_gather_what_an_all_gather_does():
     for r in worker_rows(WORKER, "cuda", nproc=2):
         assert r["shares_memory"] is True, r
         assert r["exchange"] == r["copy_engine"] == [True] * 4, r
-        assert r["graphed"] == [True, True], r
+        assert r["exchange_reduce_scatter"] == r["copy_engine_reduce_scatter"] == [True] * 4, r
+        assert r["reduce_scatter_transports_equal"] == [True] * 4, r
+        assert r["graphed"] == r["graphed_reduce_scatter"] == [True, True], r
