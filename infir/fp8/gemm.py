@@ -70,8 +70,15 @@ def scaled_mm_fits(a: QTensor, b: QTensor) -> bool:
 
 
 def outer_dim_major(s: torch.Tensor) -> torch.Tensor:
-    """(rows, blocks) scales with stride (1, rows); the Triton kernels already write them so."""
-    return s if s.stride(0) == 1 else s.t().contiguous().t()
+    """(rows, blocks) scales with strides exactly (1, rows), as scaled_mm checks them; the Triton kernels
+    already write them so. Rows sliced from such a scale keep the whole's column stride, and a single
+    column's stride is arbitrary: the first needs a copy, the second only its stride restated."""
+    rows = s.shape[0]
+    if s.stride() == (1, rows):
+        return s
+    if s.stride(0) == 1 and s.shape[1] == 1:
+        return s.as_strided(s.shape, (1, rows))
+    return torch.empty_strided(s.shape, (1, rows), dtype=s.dtype, device=s.device).copy_(s)
 
 
 def _pad_cols(s: torch.Tensor, multiple: int) -> torch.Tensor:

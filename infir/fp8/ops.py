@@ -44,8 +44,8 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
             and ((b_gran == "block" and b_mm_scale is not None) or (b_gran == "token" and not b_transposed)))
     if fast:
         bk = transposed(b) if b_transposed else b
-        # token scales come from the quantize op, outer-dim-major as scaled_mm takes them
-        return scaled_mm_blockwise(a, a_scale, bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype, out)
+        # token scales come from the quantize op outer-dim-major; rows of one (the split schedules') are restrided
+        return scaled_mm_blockwise(a, outer_dim_major(a_scale), bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype, out)
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
@@ -63,13 +63,9 @@ fp8_mm = define_op(
 
 
 def _rows(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """Rows lo:hi of an operand's data or scale; an outer-dim-major scale stays outer-dim-major (the GEMM
-    takes no other layout), a 0-dim tensor-wise scale is whole."""
-    if t.dim() == 0:
-        return t
-    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
-        return t.t()[:, lo:hi].contiguous().t()
-    return t[lo:hi]
+    """Rows lo:hi of an operand's data or scale (a view; _fp8_mm restrides a token scale's rows for the
+    GEMM), a 0-dim tensor-wise scale whole."""
+    return t if t.dim() == 0 else t[lo:hi]
 
 
 def _fp8_gather_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,

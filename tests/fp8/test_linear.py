@@ -136,6 +136,24 @@ def test_gpu_linear_fast_path_matches_emulated(recipe, mkn):
     assert rel(outs["auto"][0], y_ref) < 5e-2 and rel(outs["auto"][1], dx_ref) < tol and rel(outs["auto"][2], dw_ref) < tol
 
 
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_outer_dim_major_gives_the_exact_strides_scaled_mm_checks(blocks):
+    """Rows sliced from an outer-dim-major token scale (the split sequence-parallel schedules' per-rank
+    GEMMs) keep the whole's column stride, and a single column may carry any stride; scaled_mm takes
+    only (1, rows), so outer_dim_major restrides both, copying only where the layout needs it."""
+    from infir.fp8.gemm import outer_dim_major
+
+    whole = torch.randn(blocks, 512).t()  # (512, blocks), strides (1, 512)
+    assert outer_dim_major(whole) is whole
+    rows = whole[256:]
+    got = outer_dim_major(rows)
+    assert got.stride() == (1, 256) and torch.equal(got, rows)
+    if blocks == 1:
+        assert got.data_ptr() == rows.data_ptr()  # a restated stride, no copy
+    odd = torch.randn(256, blocks).as_strided((256, blocks), (1, 4) if blocks == 1 else (blocks, 1))
+    assert outer_dim_major(odd).stride() == (1, 256) and torch.equal(outer_dim_major(odd), odd)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("b_gran", ["token", "block"])
 def test_gpu_direct_scaled_mm_call_equals_the_public_function(b_gran, monkeypatch):
@@ -161,3 +179,10 @@ def test_gpu_direct_scaled_mm_call_equals_the_public_function(b_gran, monkeypatc
     big = torch.zeros(1024, 768, device="cuda", dtype=torch.bfloat16)
     scaled_mm_blockwise(a.data, sa, b.data, sb, b_gran, torch.bfloat16, out=big[256:768])
     assert torch.equal(big[256:768], want) and not big[:256].any() and not big[768:].any()
+    # rows of A with their scale's rows (one 128-column block: the single column's stride is free)
+    a1 = quantize(torch.randn(512, 128, device="cuda"), "token")
+    b1 = quantize(torch.randn(768, 128, device="cuda"), b_gran)
+    whole = scaled_mm_blockwise(a1.data, outer_dim_major(a1.scale), b1.data, scaled_mm_scale(b1), b_gran, torch.bfloat16)
+    half = scaled_mm_blockwise(a1.data[256:], outer_dim_major(outer_dim_major(a1.scale)[256:]), b1.data,
+                               scaled_mm_scale(b1), b_gran, torch.bfloat16)
+    assert torch.equal(half, whole[256:])
