@@ -117,9 +117,19 @@ def _side_stream(device: torch.device) -> torch.cuda.Stream:
 
 _ALIGN = 256  # bytes between the tensors of one rank's rows in the mapped buffer
 _MAPPED: dict[str, tuple[torch.Tensor, object]] = {}  # group -> (its buffer, the group's handle to it)
+_RESERVED: set[str] = set()  # groups whose buffer was mapped ahead (reserve) and may not grow
 # Buffers outgrown by a larger one stay allocated: a CUDA graph captured while one was current replays its address.
 _OUTGROWN: list = []
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def reserve(group: str, nbytes: int, device: torch.device) -> None:
+    """Maps the group's buffer ahead, at least `nbytes`, and keeps it from growing later. Compiled layers
+    that replay CUDA graphs need this: mapping allocates small device arrays through the caching
+    allocator, and a first call inside a compiled region's warm-up run would leave them in the graphs'
+    pool, which torch rejects. A collective, as _mapped_buffer."""
+    _mapped_buffer(group, nbytes, device)
+    _RESERVED.add(group)
 
 
 def _mapped_buffer(group: str, nbytes: int, device: torch.device):
@@ -129,6 +139,9 @@ def _mapped_buffer(group: str, nbytes: int, device: torch.device):
     if held is None or held[0].numel() < nbytes:
         from torch.distributed import _symmetric_memory as symm_mem
 
+        if group in _RESERVED:
+            raise RuntimeError(f"sp_overlap: group {group} needs a {nbytes}-byte mapped buffer, more than the "
+                               f"{held[0].numel()} reserved for it (sp_overlap.reserve's caller undercounted)")
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"sp_overlap: a {nbytes}-byte mapped buffer for group {group} was first needed inside "
                                "CUDA graph capture; run the step once without capture first")

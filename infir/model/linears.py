@@ -34,7 +34,7 @@ from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParall
 from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
 
 from infir.fp8.oplib import define_op
-from infir.fp8.sp_overlap import gather_mm, mm_reduce_scatter
+from infir.fp8.sp_overlap import gather_mm, mm_reduce_scatter, reserve, shares_memory
 
 
 def _all_gather(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
@@ -155,6 +155,21 @@ def overlapped_linear(x: torch.Tensor, weight: torch.Tensor, tp_group, column: b
     fn = _OverlappedColumn if column else _OverlappedRow
     y = fn.apply(x.reshape(-1, x.shape[-1]), w, tp_group.group_name, tp_group.size())
     return y.reshape(-1, *x.shape[1:-1], w.shape[0])
+
+
+def reserve_overlap_buffers(tp_group, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Maps the buffers the split schedules move rows through between GPUs of one host (sp_overlap.reserve),
+    before any compiled layer runs, for micro-batches of `tokens` tokens on this tensor-parallel group. Every
+    collective of a layer moves [tokens / W, hidden] rows: a reduce-scatter holds one slot of partials
+    (in `dtype`) per rank; the largest gather (an FP8 dY and dY^T with their 1x128 scales) about two FP8
+    copies, fewer bytes at W >= 2 than the reduce-scatter's slots in a 16-bit or wider dtype."""
+    world = tp_group.size()
+    if world == 1 or not shares_memory(tp_group.group_name):
+        return
+    rows = tokens // world * hidden
+    slots = world * (rows * dtype.itemsize + 256)
+    gather = 2 * (rows + rows // 32) + 1024
+    reserve(tp_group.group_name, max(slots, gather), device)
 
 
 def column_input(x: torch.Tensor, *, allreduce_dgrad: bool, sequence_parallel: bool, tp_group) -> torch.Tensor:

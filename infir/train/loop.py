@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from infir.model import build_gpt, check_parallel, get_size, transformer_config
 from infir.model.cpu_shims import seed_everything
+from infir.model.linears import reserve_overlap_buffers
 from infir.train import batch as batching
 from infir.train import checkpoint, data, dist as distributed
 from infir.train.flops import flops_per_token, peak_tflops
@@ -116,6 +117,11 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
         transient_fp8_weights=transient_fp8_weights(cfg.model.fp8_weight_cache, recipe, cfg.model.recompute,
                                                     cfg.optimizer.fp8_param_gather),
     ).to(device)
+    if tcfg.tp_comm_overlap and device.type == "cuda":
+        from megatron.core import parallel_state
+
+        reserve_overlap_buffers(parallel_state.get_tensor_model_parallel_group(), rank_tokens(cfg.stage, info),
+                                size.hidden, recipe.compute_dtype, device)
     graphed = False
     if _on_gpu(cfg.model.compile, device):
         # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;
