@@ -232,8 +232,9 @@ for stage in "$@"; do
       done ;;
     tp-overlap)
       N=$(python3 -c "import torch; print(torch.cuda.device_count())")
-      OV=parallel.tp_comm_overlap=true
-      CASES=(qwen2.5-7b:none:bf16 "qwen2.5-7b:none:bf16+$OV" qwen2.5-7b:none:fp8_blockwise_ue8m0 "qwen2.5-7b:none:fp8_blockwise_ue8m0+$OV")
+      OFF=parallel.tp_comm_overlap=false ON=parallel.tp_comm_overlap=true  # both named: tp2 and tp4 differ in default
+      CASES=("qwen2.5-7b:none:bf16+$OFF" "qwen2.5-7b:none:bf16+$ON" "qwen2.5-7b:none:fp8_blockwise_ue8m0+$OFF"
+             "qwen2.5-7b:none:fp8_blockwise_ue8m0+$ON")
       run step_7b_8k_tp2_overlap python3 -m torch.distributed.run --standalone --nproc_per_node 2 bench/step.py --parallel tp2 \
         --seq 8192 --mbs 1 --steps 3 --accum 2 --profile --out "$OUT/step_7b_8k_tp2_overlap.md" \
         ${TRACE:+--trace "$OUT/trace_7b_8k_tp2_overlap"} --cases "${CASES[@]}"

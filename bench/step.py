@@ -526,6 +526,7 @@ def run_case(model: str, seq: int, mbs: int, accum: int, recompute: str, precisi
     row.update(memory_split(trainer))
     row["optim_state_GiB"] = trainer.optimizer.state_bytes(torch.device("cuda", torch.cuda.current_device())) / 2**30
     row["sharded_states"] = trainer.optimizer.sharded
+    row["tp_comm_overlap"] = trainer.model.module.config.tp_comm_overlap  # as megatron's config took it (SP, TP > 1)
     if trainer.optimizer.sharded:  # what each rank sends in a step's parameter all-gathers
         row["param_gather_MiB"] = trainer.optimizer.gather_bytes / 2**20
     # Net of the tensors an earlier case left allocated; what it left cached, unallocated, this case could reuse
