@@ -132,6 +132,14 @@ class Measured:
         return self.run.env.get("device", "?")
 
     @property
+    def tp_overlap(self) -> bool:
+        """Whether its TP collectives were split around their GEMMs: the row's own record (bench/step.py), else
+        its override; rows of neither ran with the trainer's default of the time, off."""
+        if "tp_comm_overlap" in self.row:
+            return str(self.row["tp_comm_overlap"]) == "True"  # a result file's cells are as its report printed them
+        return "parallel.tp_comm_overlap=true" in overrides(self.row["precision"])
+
+    @property
     def label(self) -> str:
         return f"{self.row['model']} s{self.row['seq']} {self.row['precision']} ({self.run.folder.name}/{self.run.kind})"
 
@@ -315,10 +323,13 @@ def pick_source(sources: list[Measured], model: str, seq: int, layout: Layout, c
     apart (older profiles count them with the per-token quantizers: priced at another length or number of
     micro-batches, work done per weight would scale with tokens), of the nearest length, without data
     parallelism, on one GPU, with the trainer's default data parallelism (no DP-only overrides: what project
-    prices, and what the measured contention describes), profiled, newest. Another model's step, priced by its
+    prices, and what the measured contention describes), profiled, newest. Never a step with its TP collectives
+    split around the GEMMs: their transfers run on copy engines beside the compute, so its profile cannot take
+    out the part the step waited on. Another model's step, priced by its
     counts, misses most (see validate), so the model comes right after the device."""
     pool = [s for s in sources if s.layout.recompute == layout.recompute and s.case == case and s.micro_batches
             and (s.shares or s.layout.gpus == 1) and compute_path(s.layout) == compute_path(layout)
+            and not s.tp_overlap
             and not (exclude_own and (s.row["model"], s.row["seq"], s.layout) == (model, seq, layout))]
     pool.sort(key=lambda s: s.run.env.get("date", ""), reverse=True)  # ties go to the newest
     params = get_size(model).num_params()
@@ -353,6 +364,37 @@ def contention_pairs(records: list[Measured], nets: dict) -> list[tuple[Measured
         if free["dp_hidden_ms"] > 0:
             pairs.append((m, twin, max(0.0, (m.row["step_ms"] - free["step_ms"]) / free["dp_hidden_ms"])))
     return pairs
+
+
+def tp_overlap_pairs(records: list[Measured], nets: dict) -> list[tuple[Measured, Measured, float]]:
+    """Each tensor-parallel step with its collectives split around their GEMMs (parallel.tp_comm_overlap) with
+    its twin without (the same model, length, rows, case and layout, in the same result file), and the share
+    of the model's TP communication time the overlap took off the step: the twin's time less its own, over it."""
+    pairs = []
+    for m in records:
+        if not (m.tp_overlap and m.layout.tp > 1 and m.micro_batches and m.device in nets):
+            continue
+        twin = next((s for s in records if s.run is m.run and not s.tp_overlap and s.case == m.case
+                     and s.layout == m.layout and s.micro_batches == m.micro_batches
+                     and all(s.row[k] == m.row[k] for k in ("model", "seq", "mbs"))), None)
+        if twin is None:
+            continue
+        net = nets[m.device][0]
+        comm = predict(m.priced(), twin.rates(net, 0.0), net, m.dp, Overlap())["tp_cp_comm_ms"]
+        if comm > 0:
+            pairs.append((m, twin, min(1.0, max(0.0, (twin.row["step_ms"] - m.row["step_ms"]) / comm))))
+    return pairs
+
+
+def measured_tp_hidden(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
+    """The mean hidden share of TP communication over the pairs on `device` (else of all), leaving out those
+    `leave_out` is part of, and a line saying where it comes from; 0 (all exposed) where there is none."""
+    pool = [(m, h) for m, twin, h in pairs if leave_out is not m and leave_out is not twin]
+    here = [(m, h) for m, h in pool if device in m.device] or pool
+    if not here:
+        return 0.0, "no step measured with and without parallel.tp_comm_overlap: all exposed"
+    steps = ", ".join(sorted(f"{m.row['model']} {m.row['precision']} ({m.device})" for m, _ in here))
+    return sum(h for _, h in here) / len(here), f"measured: steps with the overlap against their twins without, {steps}"
 
 
 def measured_contention(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
@@ -484,10 +526,10 @@ def fp8_gather_line(args) -> str:
             "those: BF16 from FP32 masters under BF16 autocast, else the optimizer's parameter dtype")
 
 
-def assumptions(args, net_line: str, dp_line: str, contention: str) -> str:
+def assumptions(args, net_line: str, dp_line: str, contention: str, tp_line: str) -> str:
     return (f"assumed: {net_line}; data parallel over the DP x CP ranks: {dp_line}; overlapped data-parallel "
-            f"communication's contention with compute: {contention}; TP/CP communication "
-            f"{100 * (1 - args.tp_hidden):g}% exposed")
+            f"communication's contention with compute: {contention}; TP communication: {tp_line}; CP "
+            "communication all exposed")
 
 
 # ----------------------------------------------------------------------------------------------- project
@@ -505,7 +547,7 @@ def parse_spec(spec: str) -> tuple[str, int, int, int, str]:
 
 
 def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None, rates: ComputeRates | None,
-                net: Network, contention: float) -> dict:
+                net: Network, contention: float, tp_hidden: float) -> dict:
     model, seq, tp, cp, recompute = parse_spec(spec)
     row = {"model": model, "seq": seq, "replica": f"tp{tp}" + (f"cp{cp}" if cp > 1 else ""), "recompute": recompute,
            "precision": precision, "GPUs": gpus}
@@ -518,13 +560,13 @@ def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None
     case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision),
                 weight_passes(precision, recompute, micro))
     dp = data_parallel(precision, layout)
-    pred = predict(case, rates, net, dp, Overlap(args.tp_hidden, contention))
+    pred = predict(case, rates, net, dp, Overlap(tp_hidden, contention))
     if dp.overlap:  # beside it, the same step with its data-parallel communication in full view
         pred["efficiency, DP not overlapped"] = predict(case, rates, net, replace(dp, overlap=False),
-                                                        Overlap(args.tp_hidden))["efficiency"]
+                                                        Overlap(tp_hidden))["efficiency"]
     fp8 = data_parallel(precision, layout, args.fp8_param_gather)
     if fp8.fp8_params != "off":  # beside it, the same step with the FP8 linears' weights gathered in FP8
-        gathered = predict(case, rates, net, fp8, Overlap(args.tp_hidden, contention))
+        gathered = predict(case, rates, net, fp8, Overlap(tp_hidden, contention))
         pred.update({f"{k}, FP8 param gather": gathered[k] for k in FP8_GATHER_COLUMNS})
     return {**row, "dp": layout.dp, "micro-batches": micro, "tokens a step": micro * args.mbs * seq * layout.dp, **pred,
             "source": src.label}
@@ -553,6 +595,8 @@ def project(args) -> None:
     nets = device_networks(args, runs, sources)
     contention, contention_line = (args.dp_contention, "--dp-contention") if args.dp_contention is not None \
         else measured_contention(contention_pairs(sources, nets), args.device)
+    tp_hidden, tp_line = (args.tp_hidden, "--tp-hidden") if args.tp_hidden is not None \
+        else measured_tp_hidden(tp_overlap_pairs(sources, nets), args.device)
     rows, dp_lines = [], {}
     for spec in args.layouts:
         model, seq, tp, cp, recompute = parse_spec(spec)
@@ -561,13 +605,16 @@ def project(args) -> None:
             src = pick_source(sources, model, seq, Layout(tp=tp, cp=cp, recompute=recompute), case_of(precision),
                               args.device)
             rates = src.rates(nets.get(src.device, ONE_GPU)[0], contention) if src else None
-            rows += [project_row(args, spec, precision, gpus, src, rates, net, contention) for gpus in args.gpus]
+            rows += [project_row(args, spec, precision, gpus, src, rates, net, contention, tp_hidden)
+                     for gpus in args.gpus]
     columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "tokens a step",
                "step_ms", "compute_ms",
                "tp_cp_comm_ms", "dp_comm_ms", "dp_cost_ms", "tokens/s per GPU", "efficiency",
                "efficiency, DP not overlapped", *(f"{c}, FP8 param gather" for c in FP8_GATHER_COLUMNS), "source"]
     sections = [assumptions(args, net_line, "; ".join(f"{p}: {d}" for p, d in dp_lines.items()),
-                            f"{contention:.2f} ({contention_line})"),
+                            f"{contention:.2f} ({contention_line})",
+                            f"split around the GEMMs (parallel.tp_comm_overlap) at every TP size, {tp_hidden:.2f} of it "
+                            f"off the step ({tp_line})"),
                 ("batch: " + (f"{args.accum} micro-batches of {args.mbs} x seq tokens per data-parallel rank a step (the "
                               "global batch grows with the GPUs)" if args.accum else
                               f"{args.global_tokens} tokens a step at every GPU count, in micro-batches of {args.mbs} x seq; "
@@ -616,18 +663,22 @@ def plot(rows: list[dict], png: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- validate
-def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: list[tuple]) -> dict | None:
+def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: list[tuple],
+                 tp_pairs: list[tuple]) -> dict | None:
     """The model's step time for a measured step, with compute from another measured step (not of this
-    model, length and layout) and the contention measured without it; None where there is no source or the
-    step's figures give no whole number of micro-batches per rank."""
+    model, length and layout), and the contention and the TP overlap's hidden share measured without it;
+    None where there is no source or the step's figures give no whole number of micro-batches per rank."""
     r, lay = m.row, m.layout
     src = pick_source(records, r["model"], r["seq"], lay, m.case, m.device, exclude_own=True)
     if src is None or not m.micro_batches:
         return None
     contention = args.dp_contention if args.dp_contention is not None else measured_contention(pairs, m.device, m)[0]
+    tp_hidden = 0.0
+    if m.tp_overlap:
+        tp_hidden = args.tp_hidden if args.tp_hidden is not None else measured_tp_hidden(tp_pairs, m.device, m)[0]
     net = nets.get(m.device, ONE_GPU)
     pred = predict(m.priced(), src.rates(nets.get(src.device, ONE_GPU)[0], contention), net[0], m.dp,
-                   Overlap(args.tp_hidden, contention))
+                   Overlap(tp_hidden, contention))
     comm = (m.shares or {}).get("communication")
     return {"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "precision": r["precision"],
             "layout": lay.name, "GPUs": lay.gpus, "mbs x micro-batches": f"{r['mbs']}x{m.micro_batches}",
@@ -636,6 +687,7 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
             "tp_cp_comm_ms": pred["tp_cp_comm_ms"], "profiled_comm_ms": comm * r["step_ms"] if comm else "",
             "data parallel": describe(m.dp) if lay.grad_ranks > 1 else "", "dp_comm_ms": pred["dp_comm_ms"],
             "dp_cost_ms": pred["dp_cost_ms"], "dp_contention": contention if m.dp.overlap and lay.grad_ranks > 1 else "",
+            "tp_hidden": tp_hidden if m.tp_overlap else "",
             "inputs on its device": "yes" if src.device == m.device and net[2] else "no", "source": src.label}
 
 
@@ -656,10 +708,10 @@ def validate(args) -> None:
     if not records:
         fail(f"no bench/step.py result under {' '.join(map(str, args.results))}: nothing to validate against")
     nets = device_networks(args, runs, records)
-    pairs = contention_pairs(records, nets)
+    pairs, tp_pairs = contention_pairs(records, nets), tp_overlap_pairs(records, nets)
     rows, unpriced = [], []
     for m in records:
-        row = validate_row(args, m, records, nets, pairs)
+        row = validate_row(args, m, records, nets, pairs, tp_pairs)
         if row:
             rows.append(row)
         else:
@@ -669,8 +721,13 @@ def validate(args) -> None:
                   "each DP step's from the other DP steps measured beside their one-GPU twins (column dp_contention; "
                   + "; ".join(f"{m.label}: {c:.2f}" for m, _, c in pairs) + ")" if pairs else
                   "0, no data-parallel step measured beside its one-GPU twin: overlap assumed free")
+    tp_line = ("--tp-hidden" if args.tp_hidden is not None else
+               "each overlapped step's hidden share from the other steps measured with and without the overlap "
+               "(column tp_hidden; " + "; ".join(f"{m.label}: {h:.2f}" for m, _, h in tp_pairs) + ")" if tp_pairs else
+               "all exposed: no step measured with and without parallel.tp_comm_overlap")
     sections = [assumptions(args, "; ".join(f"{d}: {line}" for d, (_, line, _) in nets.items()) or "one GPU, no network",
-                            "each step's own, as its optimizer overrides set the trainer (column data parallel)", contention),
+                            "each step's own, as its optimizer overrides set the trainer (column data parallel)", contention,
+                            tp_line),
                 "each step is priced from another measured step (source: not of its model, length and layout; on its "
                 "device where there is one, else `inputs on its device` says no), with its own layout and micro-batches "
                 "per rank (from its tokens/s and step time); profiled_comm_ms: the step's collectives' kernel time in "
@@ -696,8 +753,9 @@ def model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp-contention", type=float,
                    help="what overlapped data-parallel communication costs the compute beside it, x its intra-node "
                         "time (default: measured, from data-parallel steps beside their one-GPU twins)")
-    p.add_argument("--tp-hidden", type=float, default=0.0,
-                   help="share of TP/CP communication hidden behind compute (0: all exposed, as the trainer runs it)")
+    p.add_argument("--tp-hidden", type=float,
+                   help="share of TP communication parallel.tp_comm_overlap takes off the step (default: measured, "
+                        "from steps with and without it)")
     p.add_argument("--out", help="write the report (markdown) here, its result file beside it (NAME.json)")
 
 

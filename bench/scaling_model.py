@@ -21,7 +21,8 @@ intra-node bus bandwidth measured for g ranks at that message size, and between 
 1/g of the buffer at the inter-node bandwidth of one GPU (each GPU has its own NIC). Ranks are placed TP
 first, then CP, then DP (megatron's order), so a TP group of up to a node's GPUs stays inside one.
 
-Step = compute + the exposed part of TP/CP communication (`Overlap.tp_hidden` hidden) + the cost of the
+Step = compute + CP communication + TP communication less what its overlap takes off (`Overlap.tp_hidden`,
+measured: bench/scaling.py, a step with parallel.tp_comm_overlap against its twin without) + the cost of the
 data-parallel communication: all of it where the trainer does not overlap it; where it does (the gradient
 buckets beside the last micro-batch's backward, the parameter gathers beside the optimizer step and the
 next forward), what exceeds those windows, or at least the embedding's bucket each way (`edge_params`: its
@@ -193,7 +194,8 @@ def weight_quant_elems(case: Case, dp: DataParallel) -> float:
 
 @dataclass(frozen=True)
 class Overlap:
-    """tp_hidden: the share of TP/CP communication hidden behind compute; dp_contention: what overlapped
+    """tp_hidden: the share of TP communication the split schedules (parallel.tp_comm_overlap) take off the
+    step, net of what splitting costs the compute; dp_contention: what overlapped
     data-parallel communication still costs the compute beside it, as a multiple of its time at intra-node
     bus bandwidth (0: overlap is free)."""
 
@@ -275,9 +277,9 @@ def predict(case: Case, rates: ComputeRates, net: Network, dp: DataParallel, ove
     owned = rank_params(case.size, lay.tp) / (lay.grad_ranks if dp.mode == "zero1" else 1)
     optimizer = owned * rates.optimizer_s_per_param
     compute = case.micro_batches * mb + optimizer + weight_quant_elems(case, dp) * rates.weight_quant_s_per_elem
-    per_mb = tp_collectives(case.size, case.seq, case.mbs, lay, case.fp8_gather) + cp_collectives(
-        case.size, case.seq, case.mbs, lay)
-    tp_cp = case.micro_batches * comm_seconds(per_mb, lay, net) * (1.0 - overlap.tp_hidden)
+    tp = comm_seconds(tp_collectives(case.size, case.seq, case.mbs, lay, case.fp8_gather), lay, net)
+    cp = comm_seconds(cp_collectives(case.size, case.seq, case.mbs, lay), lay, net)
+    tp_cp = case.micro_batches * (tp * (1.0 - overlap.tp_hidden) + cp)
     bwd = backward_share(lay.recompute)  # gradients beside the last backward; parameters beside the step and next forward
     # the embedding's gather starts once its own step is done, beside the other buckets' (not under the FP8
     # parameter gather, whose gathers wait for every bucket's block amaxes)

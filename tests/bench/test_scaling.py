@@ -22,13 +22,13 @@ from _common import markdown_table  # noqa: E402
 from report import Run, is_number  # noqa: E402
 from result_file import write_result  # noqa: E402
 from scaling_model import (  # noqa: E402
-    GB, BusBandwidth, Case, ComputeRates, Network, Overlap, edge_params, predict, profiled_compute_ms,
+    GB, BusBandwidth, Case, ComputeRates, Network, Overlap, comm_seconds, edge_params, predict, profiled_compute_ms,
     weight_quant_elems,
 )
 
 from infir.model.qwen import QwenSize, get_size  # noqa: E402
 from infir.train.comm_volume import (  # noqa: E402
-    BLOCK_SCALE_BYTES, DataParallel, Layout, embedding_params, fp8_linear_params, rank_params,
+    BLOCK_SCALE_BYTES, DataParallel, Layout, cp_collectives, embedding_params, fp8_linear_params, rank_params,
 )
 
 MODEL, SEQ = "qwen2.5-1.5b", 4096
@@ -203,15 +203,16 @@ def _write(folder: Path, kind: str, title: str, device: str, sections: list[str]
     write_result(folder / f"{kind}.md", text, commit=folder.name[-7:])
 
 
-def _step(folder: Path, kind: str, ranks: int, cases: dict[str, tuple[float, dict]]) -> None:
+def _step(folder: Path, kind: str, ranks: int, cases: dict[str, tuple[float, dict]], parallel: str = "single") -> None:
     """bench/step.py's result: each case (precision: (step_ms, profile shares)) at 4 micro-batches of 2 x SEQ a
     rank (`accum`, as bench/step.py now counts it)."""
+    tp = 2 if parallel == "tp2" else 1
     rows = [{"model": MODEL, "precision": prec, "seq": SEQ, "mbs": 2, "accum": 4, "recompute": "none", "step_ms": ms,
-             "tokens/s": round(2 * 4 * ranks * SEQ / ms * 1e3)} for prec, (ms, _) in cases.items()]
+             "tokens/s": round(2 * 4 * ranks // tp * SEQ / ms * 1e3)} for prec, (ms, _) in cases.items()]
     prof = [{"case": f"{MODEL} {prec} s{SEQ} none", **{k: f"{100 * v:.1f}%" for k, v in shares.items()}}
             for prec, (_, shares) in cases.items()]
     _write(folder, kind, "Training step", "NVIDIA H100 80GB HBM3",
-           [f"parallel: single, {ranks} rank(s); TFLOP/s and MFU per GPU", markdown_table(rows),
+           [f"parallel: {parallel}, {ranks} rank(s); TFLOP/s and MFU per GPU", markdown_table(rows),
             "GPU time by kernel class (one step):\n\n" + markdown_table(prof)])
 
 
@@ -338,6 +339,55 @@ def test_without_a_second_measured_pair_the_overlap_is_free(results, tmp_path):
     expected = 100 * (_zero1_ms(0.0) - _zero1_ms(CONTENTION)) / _zero1_ms(CONTENTION)
     assert rows[(2, "bf16")]["error_%"] == pytest.approx(expected, abs=0.3)
     assert any("contention with compute: --dp-contention" in n for n in data["notes"])
+
+
+def test_tp_overlap_takes_its_share_of_tp_communication_only():
+    net = Network(_curves(200.0, 200.0, ranks=(2, 4)), 50.0, 8)
+    ms = {h: predict(_case(Layout(tp=2, cp=2)), _rates(), net, DataParallel(), Overlap(tp_hidden=h))["tp_cp_comm_ms"]
+          for h in (0.0, 0.5, 1.0)}
+    cp_ms = 1e3 * 4 * comm_seconds(cp_collectives(SIZE, SEQ, 2, Layout(tp=2, cp=2)), Layout(tp=2, cp=2), net)
+    assert cp_ms > 0 and ms[1.0] == pytest.approx(cp_ms)  # all of TP's hidden, none of CP's
+    assert ms[0.0] > ms[1.0] and ms[0.5] == pytest.approx((ms[0.0] + ms[1.0]) / 2)
+
+
+def test_validate_prices_an_overlapped_tp_step_with_the_hidden_share_of_the_other_pairs(results, tmp_path):
+    """Two TP=2 pairs, with and without parallel.tp_comm_overlap: each overlapped step gives back the share of
+    the model's TP communication its twin's time exceeds it by, and validate prices each with the other's."""
+    off, on = "+parallel.tp_comm_overlap=false", "+parallel.tp_comm_overlap=true"
+    root = results / "2026-01-01-aaaaaaa"
+    comm = 40.0  # ms; the overlaps take a half and a quarter of it off (whole ms: the steps print to 3 digits)
+    _step(root, "step_tp2", 2, {"bf16" + on: (800.0 - 0.5 * comm, SHARES), "bf16" + off: (800.0, SHARES),
+                                "fp8_blockwise_ue8m0" + on: (800.0 - 0.25 * comm, SHARES),
+                                "fp8_blockwise_ue8m0" + off: (800.0, SHARES)}, parallel="tp2")
+    runs = scaling.model_runs(scaling.parser().parse_args(["validate", "--results", str(results)]))
+    records = scaling.step_records(runs)
+    nets = scaling.device_networks(scaling.parser().parse_args(["validate", "--results", str(results)]), runs, records)
+    pairs = scaling.tp_overlap_pairs(records, nets)
+    assert sorted(m.row["precision"] for m, _, _ in pairs) == ["bf16" + on, "fp8_blockwise_ue8m0" + on]
+    model_ms = {m.row["precision"]: predict(m.priced(), twin.rates(nets[m.device][0], 0.0), nets[m.device][0], m.dp,
+                                            Overlap())["tp_cp_comm_ms"] for m, twin, _ in pairs}
+    shares = {m.row["precision"]: h for m, _, h in pairs}
+    assert shares["bf16" + on] == pytest.approx(min(1.0, 0.5 * comm / model_ms["bf16" + on]))
+    assert shares["fp8_blockwise_ue8m0" + on] == pytest.approx(min(1.0, 0.25 * comm / model_ms["fp8_blockwise_ue8m0" + on]))
+    data = _validate(results, tmp_path)
+    rows = {r["precision"]: r for r in data["tables"][0]["rows"] if r["layout"] == "tp2xdp1"}
+    assert rows["bf16" + on]["tp_hidden"] == pytest.approx(shares["fp8_blockwise_ue8m0" + on], abs=1e-3)
+    assert rows["fp8_blockwise_ue8m0" + on]["tp_hidden"] == pytest.approx(shares["bf16" + on], abs=1e-3)
+    assert rows["bf16" + off]["tp_hidden"] is None  # the twins ran without the overlap
+    one_gpu = next(r for r in data["tables"][0]["rows"] if r["GPUs"] == 1 and r["precision"] == "bf16")
+    assert f"bf16{off} (" in one_gpu["source"]  # the TP=2 twin, never the overlapped step: its profile hides its wait
+    assert any("TP communication: each overlapped step's hidden share" in n for n in data["notes"])
+
+
+def test_a_steps_tp_overlap_is_its_own_record_else_its_override():
+    run = Run("step", Path("x"), {"device": "H100"}, [], [])
+
+    def overlapped(row: dict) -> bool:
+        return scaling.Measured(run, {"precision": "bf16", **row}, Layout(tp=2), "bf16", None).tp_overlap
+
+    assert overlapped({"tp_comm_overlap": "True"}) and not overlapped({"tp_comm_overlap": "False"})
+    assert overlapped({"precision": "bf16+parallel.tp_comm_overlap=true"}) and not overlapped({})
+    assert not overlapped({"precision": "bf16+parallel.tp_comm_overlap=true", "tp_comm_overlap": "False"})  # TP=1
 
 
 def _project(results: Path, tmp_path: Path, *argv: str) -> dict:
