@@ -103,6 +103,22 @@ def test_page_takes_each_row_from_its_newest_run(tmp_path):
     assert "| moss | -0.25 |" in lines
 
 
+def test_no_ratio_against_a_bf16_base_its_run_says_a_later_fix_changed(tmp_path):
+    folder = tmp_path / "results" / "2026-01-01-aaaaaaa"
+    base = "bf16+parallel.tp_comm_overlap=true"
+    fp8 = "fp8_blockwise_ue8m0+parallel.tp_comm_overlap=true"
+    _write_step(folder, "2026-01-01 10:00", [_step_row(base, 800.0, 41000, 0.45, 46.2), _step_row(fp8, 650.0, 50400, 0.5, 40.1)],
+                [{**_ratio(fp8, 1.23), "bf16 base": base}], [])
+    data = json.loads((folder / "step_1.5b.json").read_text())
+    lines = report.render(folder.parent, tmp_path / "BENCHMARKS.md").splitlines()
+    assert any(f"| {fp8} | 650 |" in ln and "| 1.23 |" in ln for ln in lines)
+    data["notes"].append(f"caveat: measured before commit bbbbbbb, case {base}: why")
+    (folder / "step_1.5b.json").write_text(json.dumps(data))
+    lines = report.render(folder.parent, tmp_path / "BENCHMARKS.md").splitlines()
+    row = next(ln for ln in lines if f"| {fp8} | 650 |" in ln)
+    assert "1.23" not in row and "103" not in row
+
+
 def test_check_detects_a_stale_page(tmp_path):
     results, page = _results(tmp_path / "results"), tmp_path / "BENCHMARKS.md"
     cmd = [sys.executable, str(REPO / "bench" / "report.py"), "--results", str(results), "--page", str(page)]
