@@ -386,26 +386,28 @@ def tp_overlap_pairs(records: list[Measured], nets: dict) -> list[tuple[Measured
     return pairs
 
 
-def measured_tp_hidden(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
-    """The mean hidden share of TP communication over the pairs on `device` (else of all), leaving out those
-    `leave_out` is part of, and a line saying where it comes from; 0 (all exposed) where there is none."""
-    pool = [(m, h) for m, twin, h in pairs if leave_out is not m and leave_out is not twin]
-    here = [(m, h) for m, h in pool if device in m.device] or pool
+def pair_mean(pairs: list[tuple], device: str, leave_out: Measured | None, none: str, what: str,
+              name=lambda m: m.row["precision"]) -> tuple[float, str]:
+    """The mean figure of (step, twin, figure) pairs on `device` (else of all), leaving out those `leave_out` is
+    part of, and a line saying where it comes from (`what` the pairs are); 0 and the line `none` where there is none."""
+    pool = [(m, f) for m, twin, f in pairs if leave_out is not m and leave_out is not twin]
+    here = [(m, f) for m, f in pool if device in m.device] or pool
     if not here:
-        return 0.0, "no step measured with and without parallel.tp_comm_overlap: all exposed"
-    steps = ", ".join(sorted(f"{m.row['model']} {m.row['precision']} ({m.device})" for m, _ in here))
-    return sum(h for _, h in here) / len(here), f"measured: steps with the overlap against their twins without, {steps}"
+        return 0.0, none
+    steps = ", ".join(sorted(f"{name(m)} ({m.device})" for m, _ in here))
+    return sum(f for _, f in here) / len(here), f"measured: {what}, {steps}"
+
+
+def measured_tp_hidden(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
+    """The hidden share of TP communication (pair_mean; 0: all exposed)."""
+    return pair_mean(pairs, device, leave_out, "no step measured with and without parallel.tp_comm_overlap: all exposed",
+                     "steps with the overlap against their twins without", lambda m: f"{m.row['model']} {m.row['precision']}")
 
 
 def measured_contention(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
-    """The mean contention of the pairs on `device` (else of all), leaving out those `leave_out` is part of, and a
-    line saying where it comes from; 0 (overlap free) where there is none."""
-    pool = [(m, c) for m, twin, c in pairs if leave_out is not m and leave_out is not twin]
-    here = [(m, c) for m, c in pool if device in m.device] or pool
-    if not here:
-        return 0.0, "no data-parallel step measured beside its one-GPU twin: overlap assumed free"
-    steps = ", ".join(sorted(f"{m.row['precision']} ({m.device})" for m, _ in here))
-    return sum(c for _, c in here) / len(here), f"measured: DP steps against their one-GPU twins, {steps}"
+    """The contention of overlapped data-parallel communication (pair_mean; 0: overlap free)."""
+    return pair_mean(pairs, device, leave_out, "no data-parallel step measured beside its one-GPU twin: overlap assumed free",
+                     "DP steps against their one-GPU twins")
 
 
 def bandwidth_runs(runs: list[Run], paths: list[Path]) -> list[Run]:
