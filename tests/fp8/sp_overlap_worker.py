@@ -2,7 +2,7 @@
 rows of a product are made by `mm` as the rows arrive, and every rank's tensors come back in rank order.
 
 - gloo (CPU): the all-to-all exchanges.
-- NCCL (two GPUs of one host): the exchanges and the copy engines' pulls and pushes over symmetric memory,
+- NCCL (GPUs of one host): the exchanges and the copy engines' pulls and pushes over symmetric memory,
   eagerly (back-to-back calls with new data each: a rank must not refill its mapped buffer before the
   others are done with it; a call larger than the buffer so far: a new one is mapped) and replayed from a
   CUDA graph whose inputs change between replays.

@@ -1,5 +1,5 @@
 """infir.fp8.sp_overlap's split gathers give what one all-gather gives (sp_overlap_worker.py under torchrun): the
-all-to-all exchanges on CPU (gloo, two and four ranks), and on two GPUs also the copy engines' pulls over
+all-to-all exchanges on CPU (gloo, two and four ranks), and on two and four GPUs also the copy engines' pulls over
 symmetric memory, back to back, growing and replayed from a CUDA graph; reduce-scatters likewise."""
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ def test_exchanges_gather_what_an_all_gather_does(nproc):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_copy_engines_gather_what_an_all_gather_does():
-    for r in worker_rows(WORKER, "cuda", nproc=2):
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_copy_engines_gather_what_an_all_gather_does(nproc):
+    if torch.cuda.device_count() < nproc:
+        pytest.skip(f"needs {nproc} GPUs")
+    for r in worker_rows(WORKER, "cuda", nproc=nproc):
         assert r["shares_memory"] is True, r
         assert r["exchange"] == r["copy_engine"] == [True] * 4, r
         assert r["exchange_reduce_scatter"] == r["copy_engine_reduce_scatter"] == [True] * 4, r
