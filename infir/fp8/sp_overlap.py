@@ -123,6 +123,10 @@ _OUTGROWN: list = []
 _SIDE: dict[torch.device, torch.cuda.Stream] = {}
 
 
+class MappingUnavailable(RuntimeError):
+    """The GPUs of a group could not map each other's memory (symmetric memory)."""
+
+
 def reserve(group: str, nbytes: int, device: torch.device) -> None:
     """Maps the group's buffer ahead, at least `nbytes`, and keeps it from growing later. Compiled layers
     that replay CUDA graphs need this: mapping allocates small device arrays through the caching
@@ -142,7 +146,7 @@ def _mapped_buffer(group: str, nbytes: int, device: torch.device):
         if group in _RESERVED:
             raise RuntimeError(f"sp_overlap: group {group} needs a {nbytes}-byte mapped buffer, more than the "
                                f"{held[0].numel()} reserved for it (sp_overlap.reserve's caller undercounted)")
-        if torch.cuda.is_current_stream_capturing():
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"sp_overlap: a {nbytes}-byte mapped buffer for group {group} was first needed inside "
                                "CUDA graph capture; run the step once without capture first")
         size = 1 << max(20, (nbytes - 1).bit_length())  # powers of two: few buffers outgrown on the way up
@@ -150,8 +154,8 @@ def _mapped_buffer(group: str, nbytes: int, device: torch.device):
             buf = symm_mem.empty(size, dtype=torch.uint8, device=device)
             handle = symm_mem.rendezvous(buf, group)
         except RuntimeError as e:
-            raise RuntimeError(f"sp_overlap: the GPUs of tensor-parallel group {group} could not map each other's "
-                               f"memory ({e}); run with parallel.tp_comm_overlap=false") from e
+            raise MappingUnavailable(f"the GPUs of tensor-parallel group {group} could not map each other's memory "
+                                     f"({e}); run with parallel.tp_comm_overlap=false") from e
         if held is not None:
             _OUTGROWN.append(held)
         held = _MAPPED[group] = (buf, handle)

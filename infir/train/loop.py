@@ -120,8 +120,13 @@ def build_model(cfg, info, size, recipe, param_dtype: torch.dtype):
     if tcfg.tp_comm_overlap and device.type == "cuda":
         from megatron.core import parallel_state
 
-        reserve_overlap_buffers(parallel_state.get_tensor_model_parallel_group(), rank_tokens(cfg.stage, info),
-                                size.hidden, recipe.compute_dtype, device)
+        from infir.fp8.sp_overlap import MappingUnavailable
+
+        try:
+            reserve_overlap_buffers(parallel_state.get_tensor_model_parallel_group(), rank_tokens(cfg.stage, info),
+                                    size.hidden, recipe.compute_dtype, device)
+        except MappingUnavailable as e:
+            raise ConfigError(f"parallel.tp_comm_overlap: {e}") from e
     graphed = False
     if _on_gpu(cfg.model.compile, device):
         # Per-layer compile fuses norms, RoPE, SwiGLU and residual adds around the GEMMs;

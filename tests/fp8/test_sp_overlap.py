@@ -33,3 +33,12 @@ def test_copy_engines_gather_what_an_all_gather_does(nproc):
         assert r["exchange_reduce_scatter"] == r["copy_engine_reduce_scatter"] == [True] * 4, r
         assert r["reduce_scatter_transports_equal"] == [True] * 4, r
         assert r["graphed"] == r["graphed_reduce_scatter"] == [True, True], r
+
+
+def test_gpus_that_cannot_map_each_others_memory_stop_with_the_switch_that_avoids_it():
+    """The trainer turns this error into its one line (infir.train.loop.build_model); a CPU cannot map at all."""
+    from infir.fp8 import sp_overlap
+
+    with pytest.raises(sp_overlap.MappingUnavailable, match=r"group tp0 could not map .*parallel\.tp_comm_overlap=false"):
+        sp_overlap.reserve("tp0", 1 << 20, torch.device("cpu"))
+    assert "tp0" not in sp_overlap._MAPPED and "tp0" not in sp_overlap._RESERVED
