@@ -60,7 +60,10 @@ def _shift(t: torch.Tensor, dst: int, src: int, world: int, group: str) -> torch
     n = t.shape[0]
     send = [n if j == dst else 0 for j in range(world)]
     recv = [n if j == src else 0 for j in range(world)]
-    return torch.ops._c10d_functional.all_to_all_single(t.reshape(n, -1).view(torch.uint8), recv, send, group)
+    # flat first: a contiguous tensor may still carry any stride on a size-1 dim (a one-block token scale's
+    # (rows, 1) with stride (1, rows)), which a dtype view refuses
+    rows = t.reshape(-1).view(torch.uint8).view(n, -1)
+    return torch.ops._c10d_functional.all_to_all_single(rows, recv, send, group)
 
 
 def _landed(out: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

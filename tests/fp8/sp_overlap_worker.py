@@ -31,12 +31,15 @@ group = dist.group.WORLD.group_name
 w = torch.randn(64, 96, generator=torch.Generator().manual_seed(1)).to(device)
 
 
-def operands(m: int, seed: int):
+def operands(m: int, seed: int, blocks: int = 2):
     """This rank's rows (FP8 bytes on a GPU, else FP32), their per-row scales stored outer-dim-major (a transposed
-    view, as the FP8 GEMM takes them), and an extra tensor gathered beside them."""
+    view, as the FP8 GEMM takes them; one block: (m, 1) with strides (1, m), as gemm.outer_dim_major leaves it),
+    and an extra tensor gathered beside them."""
     g = torch.Generator().manual_seed(1000 * seed + rank)
     x = torch.randn(m, 96, generator=g).to(device)
-    scale = torch.rand(2, m, generator=g).to(device).t()  # (m, 2), not contiguous
+    scale = torch.rand(blocks, m, generator=g).to(device).t()  # (m, blocks), not contiguous at 2
+    if blocks == 1:
+        scale = scale.as_strided((m, 1), (1, m))
     extra = torch.randn(m, 8, generator=g).to(device)
     if on_gpu:
         x = x.to(torch.float8_e4m3fn)
@@ -63,10 +66,10 @@ def whole(local):
     """The reference: every rank's tensors by one all-gather each, the product of all rows."""
     gathered = []
     for t in local:
-        raw = t.contiguous().view(torch.uint8)  # as bytes: collectives have no FP8 type
+        raw = t.contiguous().reshape(-1).view(torch.uint8)  # as bytes: collectives have no FP8 type
         parts = [torch.empty_like(raw) for _ in range(world)]
         dist.all_gather(parts, raw)
-        gathered.append([p.view(t.dtype) for p in parts])
+        gathered.append([p.view(t.dtype).view(t.shape) for p in parts])
     everyone = [[g[j] for g in gathered] for j in range(world)]
     return torch.cat([product(e) for e in everyone]), everyone
 
@@ -97,6 +100,7 @@ result = {"rank": rank, "shares_memory": sp_overlap.shares_memory(group)}
 sizes = [128, 128, 128, 16384]  # back to back, new data each call, then a larger one (a larger buffer mapped)
 for name, fn in gathers.items():
     result[name] = [matches(fn, operands(m, seed)) for seed, m in enumerate(sizes)]
+    result[f"{name}_one_block"] = matches(fn, operands(128, 20, blocks=1))
 sums = {name: [reduce_scatter(fn, m, seed) for seed, m in enumerate(sizes)] for name, fn in scatters.items()}
 for name, runs in sums.items():
     # the partials summed in another order than NCCL's: FP32 rounding apart

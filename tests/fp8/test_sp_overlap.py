@@ -20,6 +20,7 @@ def test_exchanges_gather_what_an_all_gather_does(nproc):
     rows = worker_rows(WORKER, nproc=nproc)
     for r in rows:
         assert r["exchange"] == r["exchange_reduce_scatter"] == [True] * 4 and r["shares_memory"] is False, r
+        assert r["exchange_one_block"] is True, r
 
 
 @pytest.mark.gpu
@@ -30,6 +31,7 @@ def test_copy_engines_gather_what_an_all_gather_does(nproc):
     for r in worker_rows(WORKER, "cuda", nproc=nproc):
         assert r["shares_memory"] is True, r
         assert r["exchange"] == r["copy_engine"] == [True] * 4, r
+        assert r["exchange_one_block"] is r["copy_engine_one_block"] is True, r
         assert r["exchange_reduce_scatter"] == r["copy_engine_reduce_scatter"] == [True] * 4, r
         assert r["reduce_scatter_transports_equal"] == [True] * 4, r
         assert r["graphed"] == r["graphed_reduce_scatter"] == [True, True], r
