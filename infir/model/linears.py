@@ -104,7 +104,8 @@ def _bf16_gather_wgrad(x: torch.Tensor, dy: torch.Tensor, group: str, world: int
     """dW = dY^T @ (every rank's x rows, in rank order), x's gather split per rank around the GEMMs: each
     rank's rows multiplied by dY's rows of its tokens as they land, each product after the first added
     by the GEMM's own epilogue (addmm, which sums in FP32 and rounds once to dY's dtype). A dW rounded W
-    times instead of once, against an FP32 sum and cast: at 7B TP=2 those were ~50 ms of a 860 ms step."""
+    times instead of once, against an FP32 buffer's zeroing, adds and cast: passes over the whole weight's
+    FP32 gradient that cost more than the overlap hid (bench/step.py's tp-overlap cases)."""
     m = x.shape[0]
     acc: list[torch.Tensor] = []
 
