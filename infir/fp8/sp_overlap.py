@@ -131,10 +131,12 @@ class MappingUnavailable(RuntimeError):
 
 
 def reserve(group: str, nbytes: int, device: torch.device) -> None:
-    """Maps the group's buffer ahead, at least `nbytes`, and keeps it from growing later. Compiled layers
-    that replay CUDA graphs need this: mapping allocates small device arrays through the caching
+    """Maps the group's buffer ahead, at least `nbytes` (growing one reserved before, for a model with
+    longer micro-batches in the same process), and keeps it from growing inside the schedules. Compiled
+    layers that replay CUDA graphs need this: mapping allocates small device arrays through the caching
     allocator, and a first call inside a compiled region's warm-up run would leave them in the graphs'
     pool, which torch rejects. A collective, as _mapped_buffer."""
+    _RESERVED.discard(group)
     _mapped_buffer(group, nbytes, device)
     _RESERVED.add(group)
 

@@ -44,3 +44,26 @@ def test_gpus_that_cannot_map_each_others_memory_stop_with_the_switch_that_avoid
     with pytest.raises(sp_overlap.MappingUnavailable, match=r"group tp0 could not map .*parallel\.tp_comm_overlap=false"):
         sp_overlap.reserve("tp0", 1 << 20, torch.device("cpu"))
     assert "tp0" not in sp_overlap._MAPPED and "tp0" not in sp_overlap._RESERVED
+
+
+def test_a_reserved_buffer_grows_only_by_reserve(monkeypatch):
+    """Inside the schedules a reserved group's buffer never grows (the compiled layers' graphs could not take a
+    new mapping); a later reserve grows it (a second model of longer micro-batches in one process), keeping the
+    outgrown one for graphs that replay it. Mapping stubbed: a CPU has no symmetric memory."""
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    from infir.fp8 import sp_overlap
+
+    monkeypatch.setattr(symm_mem, "empty", lambda size, dtype, device: torch.empty(size, dtype=dtype))
+    monkeypatch.setattr(symm_mem, "rendezvous", lambda buf, group: ("handle", buf.numel()))
+    monkeypatch.setattr(sp_overlap, "_MAPPED", {})
+    monkeypatch.setattr(sp_overlap, "_RESERVED", set())
+    monkeypatch.setattr(sp_overlap, "_OUTGROWN", [])
+    cpu = torch.device("cpu")
+    sp_overlap.reserve("tp0", 1000, cpu)
+    assert sp_overlap._mapped_buffer("tp0", 1 << 20, cpu) == ("handle", 1 << 20)  # at least 1 MiB, a power of two
+    with pytest.raises(RuntimeError, match="undercounted"):
+        sp_overlap._mapped_buffer("tp0", (1 << 20) + 1, cpu)
+    sp_overlap.reserve("tp0", 3 << 20, cpu)
+    assert sp_overlap._mapped_buffer("tp0", 3 << 20, cpu) == ("handle", 4 << 20)
+    assert [held[1] for held in sp_overlap._OUTGROWN] == [("handle", 1 << 20)]
