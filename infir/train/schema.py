@@ -170,14 +170,13 @@ class ParallelConfig:
     tp: int = 1                      # tensor-parallel size; data parallel takes the rest of the launch's ranks
     sequence_parallel: bool = False
     cp: int = 1                      # context-parallel size: the sequence split over cp ranks
-    # the sequence-parallel collectives split per rank around their GEMMs (infir.fp8.sp_overlap)
+    # the sequence-parallel collectives split per rank around their GEMMs (infir.fp8.sp_overlap); nothing to
+    # split without sequence parallelism or at tp=1, where it is left off (tp2 turns it on for either)
     tp_comm_overlap: bool = False
 
     def __post_init__(self):
         check(self.tp >= 1, "parallel.tp", self.tp, "an integer >= 1")
         check(self.cp >= 1, "parallel.cp", self.cp, "an integer >= 1")
-        check(not self.tp_comm_overlap or self.sequence_parallel, "parallel.tp_comm_overlap", self.tp_comm_overlap,
-              "false, or parallel.sequence_parallel=true (it overlaps the sequence-parallel collectives)")
 
 
 @dataclass
