@@ -138,6 +138,30 @@ def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def ran_tp_overlap(row: dict) -> bool:
+    """Whether a step row split its TP collectives around their GEMMs (parallel.tp_comm_overlap): its own record
+    (bench/step.py), else its override; rows of neither ran with the trainer's default of their time, off."""
+    if "tp_comm_overlap" in row:
+        return str(row["tp_comm_overlap"]) == "True"  # a result file's cells are as its report printed them
+    return "parallel.tp_comm_overlap=true" in str(row.get("precision", "")).partition("+")[2].split(",")
+
+
+def shown_precision(run: Run, row: dict) -> str:
+    """A row's precision as the trainer would need it today: with parallel.tp_comm_overlap=false added where the
+    row ran its sequence-parallel collectives without the overlap on a layout whose conf/parallel now turns it on."""
+    import yaml
+
+    precision = str(row["precision"])
+    path = REPO / "conf" / "parallel" / f"{parallel(run)}.yaml"
+    conf = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    overrides = precision.partition("+")[2].split(",")
+    if ran_tp_overlap(row) or any(o.startswith("parallel.tp_comm_overlap=") for o in overrides) \
+            or not conf.get("tp_comm_overlap") or not conf.get("sequence_parallel") \
+            or "parallel.sequence_parallel=false" in overrides:
+        return precision
+    return precision + ("," if "+" in precision else "+") + "parallel.tp_comm_overlap=false"
+
+
 def step_rows(runs: list[Run]) -> dict[tuple, tuple[Run, dict]]:
     """(model, parallel, device, seq, recompute, precision) -> (run, row), the newest run of each winning."""
     newest = {}
@@ -172,7 +196,7 @@ def step_table(entries: list[tuple[Run, dict]], label) -> list[str]:
         if measured_before_a_fix(run, {"precision": ratio.get("bf16 base")}):
             ratio = {}  # against a BF16 row its run's caveat says a later fix changed
         mfu = row.get("MFU(spec)")
-        rows.append([row["seq"], row["recompute"], row["precision"], row["step_ms"], row.get("tokens/s"),
+        rows.append([row["seq"], row["recompute"], shown_precision(run, row), row["step_ms"], row.get("tokens/s"),
                      row.get("TFLOP/s"), row.get("TFLOP/s (Megatron-LM count)"), f"{100 * mfu:.1f}%" if is_number(mfu) else None,
                      ratio.get("speedup vs bf16"), ratio.get("% of ceiling"), memory_ratio(row, ratio),
                      held_peak_GiB(row), label(run)])

@@ -34,7 +34,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, markdown_table, slowest_rank_ms  # noqa: E402
-from report import Run, is_number, load_run, load_runs, measured_before_a_fix, parallel, world_size  # noqa: E402
+from report import (  # noqa: E402
+    Run, is_number, load_run, load_runs, measured_before_a_fix, parallel, ran_tp_overlap, world_size,
+)
 from scaling_model import (  # noqa: E402
     BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms, weight_quant_elems,
 )
@@ -133,11 +135,8 @@ class Measured:
 
     @property
     def tp_overlap(self) -> bool:
-        """Whether its TP collectives were split around their GEMMs: the row's own record (bench/step.py), else
-        its override; rows of neither ran with the trainer's default of the time, off."""
-        if "tp_comm_overlap" in self.row:
-            return str(self.row["tp_comm_overlap"]) == "True"  # a result file's cells are as its report printed them
-        return "parallel.tp_comm_overlap=true" in overrides(self.row["precision"])
+        """Whether its TP collectives were split around their GEMMs (report.ran_tp_overlap)."""
+        return ran_tp_overlap(self.row)
 
     @property
     def label(self) -> str:

@@ -119,6 +119,18 @@ def test_no_ratio_against_a_bf16_base_its_run_says_a_later_fix_changed(tmp_path)
     assert "1.23" not in row and "103" not in row
 
 
+def test_a_tp_row_that_ran_without_the_overlap_tp2_now_turns_on_says_so():
+    tp2 = report.Run("step_7b_tp2", Path("."), {}, ["parallel: tp2, 2 rank(s); TFLOP/s and MFU per GPU"], [])
+    single = report.Run("step_1.5b", Path("."), {}, ["parallel: single, 1 rank(s); TFLOP/s and MFU per GPU"], [])
+    assert report.shown_precision(tp2, {"precision": "bf16"}) == "bf16+parallel.tp_comm_overlap=false"
+    assert report.shown_precision(tp2, {"precision": "fp8_blockwise_ue8m0+model.compile=false"}) == \
+        "fp8_blockwise_ue8m0+model.compile=false,parallel.tp_comm_overlap=false"
+    for row in ({"precision": "bf16", "tp_comm_overlap": "True"}, {"precision": "bf16+parallel.tp_comm_overlap=true"},
+                {"precision": "bf16+parallel.sequence_parallel=false"}):  # ran it, or had nothing to split
+        assert report.shown_precision(tp2, row) == row["precision"]
+    assert report.shown_precision(single, {"precision": "bf16"}) == "bf16"
+
+
 def test_check_detects_a_stale_page(tmp_path):
     results, page = _results(tmp_path / "results"), tmp_path / "BENCHMARKS.md"
     cmd = [sys.executable, str(REPO / "bench" / "report.py"), "--results", str(results), "--page", str(page)]
