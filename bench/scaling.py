@@ -8,7 +8,8 @@
 `project` and `validate` read result files only (bench/results/*/: bench/step.py's steps, this script's
 bandwidth), so they run on any machine. The model itself is bench/scaling_model.py: compute from a measured
 step (one GPU's where there is one; else a step of several GPUs with its communication taken out: 7B with
-AdamW does not fit one 80 GB GPU), priced by its counts; communication from infir.train.comm_volume's
+AdamW does not fit one 80 GB GPU), priced by its counts, its attention at the FLOP rate the profiled steps
+show at the length priced (causal attention kernels run faster on longer sequences); communication from infir.train.comm_volume's
 volumes over the measured bus bandwidth, hierarchical across nodes. Each case's data parallelism is the
 trainer's for its optimizer overrides: by default ZeRO-1, overlapped, wherever DP x CP > 1; with
 `+optimizer.distributed=false,optimizer.overlap_grad_reduce=false`, replicated states and one all-reduce
@@ -38,7 +39,7 @@ from report import (  # noqa: E402
     Run, is_number, load_run, load_runs, measured_before_a_fix, parallel, ran_tp_overlap, world_size,
 )
 from scaling_model import (  # noqa: E402
-    BusBandwidth, Case, ComputeRates, Network, Overlap, predict, profiled_compute_ms, weight_quant_elems,
+    BusBandwidth, Case, ComputeRates, Network, Overlap, attention_flops, predict, profiled_compute_ms, weight_quant_elems,
 )
 
 from infir.model.qwen import get_size  # noqa: E402
@@ -365,6 +366,58 @@ def contention_pairs(records: list[Measured], nets: dict) -> list[tuple[Measured
     return pairs
 
 
+RECOMPUTED_ATTENTION = 4.5 / 3.5  # full and selective recomputation run attention's forward (1 of fwd 1 + bwd 2.5) twice
+
+
+def attention_rates(records: list[Measured]) -> list[tuple[Measured, float]]:
+    """Each profiled step's attention kernels' FLOP rate per GPU (their profile share of its compute, over the
+    attention FLOPs its tokens did, a recomputed forward included); context-parallel steps, whose attention
+    runs other kernels, left out."""
+    out = []
+    for m in records:
+        r, lay = m.row, m.layout
+        if not (m.shares and m.shares.get("attention") and m.micro_batches and lay.cp == 1):
+            continue
+        compute_s = profiled_compute_ms(r["step_ms"], m.shares) / 1e3
+        attention_s = compute_s * m.shares["attention"] / (1.0 - m.shares.get("communication", 0.0)) * lay.gpus
+        flops = m.micro_batches * r["mbs"] * r["seq"] * lay.dp * attention_flops(get_size(r["model"]), r["seq"])
+        out.append((m, flops * (1.0 if lay.recompute == "none" else RECOMPUTED_ATTENTION) / attention_s))
+    return out
+
+
+def attention_rate_at(rates: list[tuple[Measured, float]], seq: int, device: str, leave_out: Measured | None = None):
+    """The attention kernels' FLOP rate at `seq` on `device` (else on any): the mean of the steps of that length,
+    else interpolated in log length between the nearest lengths measured (the nearest one beyond them); None
+    where there is none. Causal attention kernels run faster on longer sequences (more work per tile row)."""
+    pool = [(m, f) for m, f in rates if m is not leave_out]
+    pool = [(m, f) for m, f in pool if device in m.device] or pool
+    if not pool:
+        return None
+    by_seq: dict[int, list[float]] = {}
+    for m, f in pool:
+        by_seq.setdefault(m.row["seq"], []).append(f)
+    mean = {s: sum(v) / len(v) for s, v in by_seq.items()}
+    below, above = [s for s in mean if s <= seq], [s for s in mean if s >= seq]
+    if not below or not above:
+        return mean[max(below) if below else min(above)]
+    lo, hi = max(below), min(above)
+    if lo == hi:
+        return mean[lo]
+    t = math.log(seq / lo) / math.log(hi / lo)
+    return mean[lo] + t * (mean[hi] - mean[lo])
+
+
+def at_length(rates: ComputeRates, src: Measured, seq: int, device: str, attention: list, leave_out=None) -> ComputeRates:
+    """`src`'s compute rates with its attention priced at `seq`: scaled by the measured attention FLOP rate at the
+    source's length over that at `seq` (attention_rate_at)."""
+    if src.row["seq"] == seq:
+        return rates
+    there, here = (attention_rate_at(attention, s, d, leave_out) for s, d in ((src.row["seq"], src.device), (seq, device)))
+    if not there or not here:
+        return rates
+    return replace(rates, attention_s_per_flop=rates.attention_s_per_flop * there / here)
+
+
 def tp_overlap_pairs(records: list[Measured], nets: dict) -> list[tuple[Measured, Measured, float]]:
     """Each tensor-parallel step with its collectives split around their GEMMs (parallel.tp_comm_overlap) with
     its twin without (the same model, length, rows, case and layout, in the same result file), and the share
@@ -598,6 +651,7 @@ def project(args) -> None:
         else measured_contention(contention_pairs(sources, nets), args.device)
     tp_hidden, tp_line = (args.tp_hidden, "--tp-hidden") if args.tp_hidden is not None \
         else measured_tp_hidden(tp_overlap_pairs(sources, nets), args.device)
+    attention = attention_rates(sources)
     rows, dp_lines = [], {}
     for spec in args.layouts:
         model, seq, tp, cp, recompute = parse_spec(spec)
@@ -605,7 +659,8 @@ def project(args) -> None:
             dp_lines[precision] = describe(data_parallel(precision, Layout(tp=tp, cp=cp, dp=2)))
             src = pick_source(sources, model, seq, Layout(tp=tp, cp=cp, recompute=recompute), case_of(precision),
                               args.device)
-            rates = src.rates(nets.get(src.device, ONE_GPU)[0], contention) if src else None
+            rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention), src, seq, args.device,
+                              attention) if src else None
             rows += [project_row(args, spec, precision, gpus, src, rates, net, contention, tp_hidden)
                      for gpus in args.gpus]
     columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "tokens a step",
@@ -673,13 +728,14 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
     src = pick_source(records, r["model"], r["seq"], lay, m.case, m.device, exclude_own=True)
     if src is None or not m.micro_batches:
         return None
+    attention = attention_rates(records)
     contention = args.dp_contention if args.dp_contention is not None else measured_contention(pairs, m.device, m)[0]
     tp_hidden = 0.0
     if m.tp_overlap:
         tp_hidden = args.tp_hidden if args.tp_hidden is not None else measured_tp_hidden(tp_pairs, m.device, m)[0]
     net = nets.get(m.device, ONE_GPU)
-    pred = predict(m.priced(), src.rates(nets.get(src.device, ONE_GPU)[0], contention), net[0], m.dp,
-                   Overlap(tp_hidden, contention))
+    rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention), src, r["seq"], m.device, attention, m)
+    pred = predict(m.priced(), rates, net[0], m.dp, Overlap(tp_hidden, contention))
     comm = (m.shares or {}).get("communication")
     return {"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "precision": r["precision"],
             "layout": lay.name, "GPUs": lay.gpus, "mbs x micro-batches": f"{r['mbs']}x{m.micro_batches}",

@@ -379,6 +379,38 @@ def test_validate_prices_an_overlapped_tp_step_with_the_hidden_share_of_the_othe
     assert any("TP communication: each overlapped step's hidden share" in n for n in data["notes"])
 
 
+def _measured(seq: int, recompute: str = "none", device: str = "NVIDIA H200", shares: dict | None = SHARES):
+    """A one-GPU step of 4 micro-batches of 2 x seq in 700 ms."""
+    run = Run("step", Path("x"), {"device": device}, [], [])
+    row = {"model": MODEL, "precision": "bf16", "seq": seq, "mbs": 2, "accum": 4, "recompute": recompute,
+           "step_ms": 700.0, "tokens/s": 2 * 4 * seq / 0.7}
+    return scaling.Measured(run, row, Layout(recompute=recompute), "bf16", shares)
+
+
+def test_attention_runs_at_the_flop_rate_its_profile_shows_a_recomputed_forward_included():
+    from scaling_model import attention_flops
+
+    plain, full = scaling.attention_rates([_measured(SEQ), _measured(SEQ, "full")])
+    assert plain[1] == pytest.approx(2 * 4 * SEQ * attention_flops(SIZE, SEQ) / (0.7 * SHARES["attention"]))
+    assert full[1] == pytest.approx(plain[1] * 4.5 / 3.5)  # the same time did one more attention forward
+    assert scaling.attention_rates([_measured(SEQ, shares=None)]) == []  # no profile: no attention time
+
+
+def test_attention_is_priced_at_the_flop_rate_measured_at_the_length_it_runs():
+    short, long, other = _measured(4096), _measured(32768), _measured(8192, device="NVIDIA H100 80GB HBM3")
+    rates = [(short, 350.0), (long, 460.0), (other, 999.0)]
+    assert scaling.attention_rate_at(rates, 4096, "H200") == 350.0
+    assert scaling.attention_rate_at(rates, 8192, "H200") == pytest.approx(350.0 + 110.0 / 3)  # log-linear: a third
+    assert scaling.attention_rate_at(rates, 65536, "H200") == 460.0 and scaling.attention_rate_at(rates, 2048, "H200") == 350.0
+    assert scaling.attention_rate_at(rates, 8192, "H100") == 999.0  # its own device's, where measured
+    assert scaling.attention_rate_at(rates, 32768, "H200", leave_out=long) == 350.0
+    base = _rates()
+    priced = scaling.at_length(base, short, 32768, "H200", rates)
+    assert priced.attention_s_per_flop == pytest.approx(base.attention_s_per_flop * 350.0 / 460.0)
+    assert priced.dense_s_per_flop == base.dense_s_per_flop
+    assert scaling.at_length(base, short, 4096, "H200", rates) is base
+
+
 def test_a_steps_tp_overlap_is_its_own_record_else_its_override():
     run = Run("step", Path("x"), {"device": "H100"}, [], [])
 
