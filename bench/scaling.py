@@ -750,7 +750,7 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
 
 def error_summary(rows: list[dict]) -> str:
     def worst(sel):
-        return f"max |error| {max(abs(r['error_%']) for r in sel):.1f}% over {len(sel)}" if sel else "none"
+        return f"max |error| {max(abs(r['error_%']) for r in sel):.2f}% over {len(sel)}" if sel else "none"
 
     multi = [r for r in rows if r["GPUs"] > 1]
     same = [r for r in multi if r["inputs on its device"] == "yes"]
