@@ -407,6 +407,16 @@ def attention_rate_at(rates: list[tuple[Measured, float]], seq: int, device: str
     return mean[lo] + t * (mean[hi] - mean[lo])
 
 
+def attention_line(rates: list[tuple[Measured, float]]) -> str:
+    """What attention_rate_at reads: the mean attention FLOP rate per GPU by device and length."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for m, f in rates:
+        by.setdefault((m.device, m.row["seq"]), []).append(f)
+    return "attention priced by length, its kernels' FLOP rate per GPU in the profiled steps (a recomputed forward " \
+        "counted): " + "; ".join(f"{d} at {s}: {sum(v) / len(v) / 1e12:.0f} TFLOP/s ({len(v)} steps)"
+                                 for (d, s), v in sorted(by.items()))
+
+
 def at_length(rates: ComputeRates, src: Measured, seq: int, device: str, attention: list, leave_out=None) -> ComputeRates:
     """`src`'s compute rates with its attention priced at `seq`: scaled by the measured attention FLOP rate at the
     source's length over that at `seq` (attention_rate_at)."""
@@ -789,7 +799,7 @@ def validate(args) -> None:
                 "device where there is one, else `inputs on its device` says no), with its own layout and micro-batches "
                 "per rank (from its tokens/s and step time); profiled_comm_ms: the step's collectives' kernel time in "
                 "its profile (overlapped ones included)",
-                error_summary(rows),
+                error_summary(rows), attention_line(attention_rates(records)),
                 "Predicted vs measured step:\n\n" + markdown_table(rows)]
     if unpriced:
         sections.append("not priced (no other usable measured step of the same recompute, case and compute path, or "
