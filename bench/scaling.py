@@ -372,11 +372,13 @@ RECOMPUTED_ATTENTION = 4.5 / 3.5  # full and selective recomputation run attenti
 def attention_rates(records: list[Measured]) -> list[tuple[Measured, float]]:
     """Each profiled step's attention kernels' FLOP rate per GPU (their profile share of its compute, over the
     attention FLOPs its tokens did, a recomputed forward included); context-parallel steps, whose attention
-    runs other kernels, left out."""
+    runs other kernels, and steps on other data (packed documents: less attention than their length's causal
+    FLOPs) left out."""
     out = []
     for m in records:
         r, lay = m.row, m.layout
-        if not (m.shares and m.shares.get("attention") and m.micro_batches and lay.cp == 1):
+        if not (m.shares and m.shares.get("attention") and m.micro_batches and lay.cp == 1) \
+                or any(o.startswith("data.") for o in overrides(r["precision"])):
             continue
         compute_s = profiled_compute_ms(r["step_ms"], m.shares) / 1e3
         attention_s = compute_s * m.shares["attention"] / (1.0 - m.shares.get("communication", 0.0)) * lay.gpus

@@ -394,6 +394,9 @@ def test_attention_runs_at_the_flop_rate_its_profile_shows_a_recomputed_forward_
     assert plain[1] == pytest.approx(2 * 4 * SEQ * attention_flops(SIZE, SEQ) / (0.7 * SHARES["attention"]))
     assert full[1] == pytest.approx(plain[1] * 4.5 / 3.5)  # the same time did one more attention forward
     assert scaling.attention_rates([_measured(SEQ, shares=None)]) == []  # no profile: no attention time
+    packed = _measured(SEQ)
+    packed.row["precision"] = "bf16+data.synthetic_doc_median=2048"  # documents: less than causal attention
+    assert scaling.attention_rates([packed]) == []
 
 
 def test_attention_is_priced_at_the_flop_rate_measured_at_the_length_it_runs():
