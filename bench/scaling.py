@@ -8,9 +8,9 @@
 `project` and `validate` read result files only (bench/results/*/: bench/step.py's steps, this script's
 bandwidth), so they run on any machine. The model itself is bench/scaling_model.py: compute from a measured
 step (one GPU's where there is one; else a step of several GPUs with its communication taken out: 7B with
-AdamW does not fit one 80 GB GPU), priced by its counts, its attention at the FLOP rate the profiled steps
-show at the length priced (causal attention kernels run faster on longer sequences); communication from infir.train.comm_volume's
-volumes over the measured bus bandwidth, hierarchical across nodes. Each case's data parallelism is the
+AdamW does not fit one 80 GB GPU), priced by its counts, its attention at the FLOP rate the profiled
+steps show at the length priced (causal attention kernels run faster on longer sequences); communication
+from infir.train.comm_volume's volumes over the measured bus bandwidth, hierarchical across nodes. Each case's data parallelism is the
 trainer's for its optimizer overrides: by default ZeRO-1, overlapped, wherever DP x CP > 1; with
 `+optimizer.distributed=false,optimizer.overlap_grad_reduce=false`, replicated states and one all-reduce
 after the backward. What overlapped collectives take from the compute beside them is measured: a
@@ -419,12 +419,14 @@ def attention_line(rates: list[tuple[Measured, float]]) -> str:
                                  for (d, s), v in sorted(by.items()))
 
 
-def at_length(rates: ComputeRates, src: Measured, seq: int, device: str, attention: list, leave_out=None) -> ComputeRates:
+def at_length(rates: ComputeRates, src: Measured, seq: int, device: str, attention: list,
+              leave_out: Measured | None = None) -> ComputeRates:
     """`src`'s compute rates with its attention priced at `seq`: scaled by the measured attention FLOP rate at the
     source's length over that at `seq` (attention_rate_at)."""
     if src.row["seq"] == seq:
         return rates
-    there, here = (attention_rate_at(attention, s, d, leave_out) for s, d in ((src.row["seq"], src.device), (seq, device)))
+    there = attention_rate_at(attention, src.row["seq"], src.device, leave_out)
+    here = attention_rate_at(attention, seq, device, leave_out)
     if not there or not here:
         return rates
     return replace(rates, attention_s_per_flop=rates.attention_s_per_flop * there / here)
@@ -464,13 +466,16 @@ def pair_mean(pairs: list[tuple], device: str, leave_out: Measured | None, none:
 
 def measured_tp_hidden(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
     """The hidden share of TP communication (pair_mean; 0: all exposed)."""
-    return pair_mean(pairs, device, leave_out, "no step measured with and without parallel.tp_comm_overlap: all exposed",
-                     "steps with the overlap against their twins without", lambda m: f"{m.row['model']} {m.row['precision']}")
+    return pair_mean(pairs, device, leave_out,
+                     "no step measured with and without parallel.tp_comm_overlap: all exposed",
+                     "steps with the overlap against their twins without",
+                     lambda m: f"{m.row['model']} {m.row['precision']}")
 
 
 def measured_contention(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
     """The contention of overlapped data-parallel communication (pair_mean; 0: overlap free)."""
-    return pair_mean(pairs, device, leave_out, "no data-parallel step measured beside its one-GPU twin: overlap assumed free",
+    return pair_mean(pairs, device, leave_out,
+                     "no data-parallel step measured beside its one-GPU twin: overlap assumed free",
                      "DP steps against their one-GPU twins")
 
 

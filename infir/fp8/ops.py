@@ -45,7 +45,8 @@ def _fp8_mm(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor
     if fast:
         bk = transposed(b) if b_transposed else b
         # token scales come from the quantize op outer-dim-major; rows of one (the split schedules') are restrided
-        return scaled_mm_blockwise(a, outer_dim_major(a_scale), bk, b_scale if b_gran == "token" else b_mm_scale, b_gran, out_dtype, out)
+        return scaled_mm_blockwise(a, outer_dim_major(a_scale), bk, b_scale if b_gran == "token" else b_mm_scale,
+                                   b_gran, out_dtype, out)
     # Inductor may hand over any strides; the GEMM wants K-major data (scale layouts are fixed in gemm.py).
     qa = QTensor(a.contiguous(), a_scale, a_gran)
     qb = QTensor(b.contiguous(), b_scale, b_gran)
