@@ -3,8 +3,8 @@
 (infir's default), against torch's symmetric-memory async TP, which moves each rank's shard over NVLink with
 the copy engines (no SMs taken from the GEMM) and computes on the shards as they arrive, and against infir's
 split schedules (parallel.tp_comm_overlap: infir.fp8.sp_overlap, per-rank GEMMs around the other ranks' rows
-pulled by copy engine from symmetric memory for a gather, and one all-to-all exchange per other rank for a
-reduce-scatter, through the same graph ops the trainer runs); per GEMM of a layer.
+pulled, or partials pushed, by copy engine over symmetric memory, through the same graph ops the trainer
+runs); per GEMM of a layer.
 
     torchrun --nproc-per-node 2 bench/async_tp.py --model qwen2.5-7b --tokens 8192 --out async_tp.md
 

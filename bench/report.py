@@ -13,6 +13,7 @@ commit, device, command), so every figure can be traced to the file and reproduc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -146,14 +147,20 @@ def ran_tp_overlap(row: dict) -> bool:
     return "parallel.tp_comm_overlap=true" in str(row.get("precision", "")).partition("+")[2].split(",")
 
 
+@functools.lru_cache(maxsize=None)
+def parallel_conf(name: str) -> dict:
+    """conf/parallel/NAME.yaml as the trainer reads it today ({} where there is no such layout)."""
+    import yaml
+
+    path = REPO / "conf" / "parallel" / f"{name}.yaml"
+    return yaml.safe_load(path.read_text()) if path.is_file() else {}
+
+
 def shown_precision(run: Run, row: dict) -> str:
     """A row's precision as the trainer would need it today: with parallel.tp_comm_overlap=false added where the
     row ran its sequence-parallel collectives without the overlap on a layout whose conf/parallel now turns it on."""
-    import yaml
-
     precision = str(row["precision"])
-    path = REPO / "conf" / "parallel" / f"{parallel(run)}.yaml"
-    conf = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    conf = parallel_conf(parallel(run))
     overrides = precision.partition("+")[2].split(",")
     if ran_tp_overlap(row) or any(o.startswith("parallel.tp_comm_overlap=") for o in overrides) \
             or not conf.get("tp_comm_overlap") or not conf.get("sequence_parallel") \

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, markdown_table, slowest_rank_ms  # noqa: E402
 from report import (  # noqa: E402
-    Run, is_number, load_run, load_runs, measured_before_a_fix, parallel, ran_tp_overlap, world_size,
+    Run, is_number, load_run, load_runs, measured_before_a_fix, parallel, parallel_conf, ran_tp_overlap, world_size,
 )
 from scaling_model import (  # noqa: E402
     BusBandwidth, Case, ComputeRates, Network, Overlap, attention_flops, predict, profiled_compute_ms, weight_quant_elems,
@@ -270,7 +270,7 @@ def run_layout(run: Run, row: dict) -> Layout:
     """The layout a bench/step.py row ran: its conf/parallel, that case's parallel.* overrides, the ranks."""
     import yaml
 
-    conf = yaml.safe_load((REPO / "conf" / "parallel" / f"{parallel(run)}.yaml").read_text())
+    conf = dict(parallel_conf(parallel(run)))
     for o in overrides(row["precision"]):
         key, _, value = o.partition("=")
         if key.startswith("parallel."):

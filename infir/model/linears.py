@@ -18,9 +18,9 @@ With `tp_comm_overlap` (megatron's TransformerConfig field, otherwise read only 
 layers) the sequence-parallel collectives are split per rank around the GEMMs (infir.fp8.sp_overlap):
 the column-parallel input's gather around the fprop GEMM, the row-parallel output's reduce-scatter around
 it, dY's gather around the row-parallel dgrad, dX's reduce-scatter around the column-parallel dgrad and
-X's gather around its wgrad. The split schedules run inside opaque graph ops, so
-that a compiled layer keeps their order (each GEMM between its exchange's start and wait) and their writes
-into rows of one output.
+X's gather around its wgrad. The split schedules run inside opaque graph ops, so that a compiled layer
+keeps their order (each GEMM between its rows' arrival and the next transfer) and their writes into rows
+of one output.
 Why not megatron's SP mappings: they write into a preallocated output with the in-place c10d calls, and
 inside a torch.compile'd layer on NCCL the gradients that came out of their backward were wrong (TP=2 with
 SP trained at a 17x smaller gradient norm than one rank, on the same first loss; launch/parallel_check.py).
