@@ -168,9 +168,10 @@ def scaled_mm_blockwise(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor,
 def scaled_mm_blockwise_accumulate(a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor,
                                    out: torch.Tensor) -> None:
     """out (FP32) += A @ B^T for 1x128-scaled A and B (the wgrad product), in place through cuBLASLt
-    where it applies, else as scaled_mm's FP32 product added to out (the same bits)."""
+    where it applies, else as scaled_mm's FP32 product added to out (the same bits). A's rows may be
+    strided (columns of a wider matrix): cuBLASLt reads them in place, scaled_mm from a copy."""
     if _lt_wgrad()(a, a_scale, b, b_scale, accumulate=out) is None:
-        out.add_(scaled_mm_blockwise(a, a_scale, b, b_scale, "token", torch.float32))
+        out.add_(scaled_mm_blockwise(a.contiguous(), a_scale, b, b_scale, "token", torch.float32))
 
 
 def scaled_mm_gemm(a: QTensor, b: QTensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

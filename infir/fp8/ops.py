@@ -122,14 +122,6 @@ fp8_mm_reduce_scatter = define_op(
         a.new_empty((a.shape[0] // world, b.shape[1 if b_transposed else 0]), dtype=out_dtype))
 
 
-def _cols(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    """Columns lo:hi of an operand's data or scale (along the tokens of a wgrad operand, K-major), contiguous;
-    an outer-dim-major scale stays outer-dim-major."""
-    if t.dim() == 2 and not t.is_contiguous() and t.t().is_contiguous():
-        return t.t()[lo:hi].t()
-    return t[:, lo:hi].contiguous()
-
-
 def _fp8_gather_wgrad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: torch.Tensor, b_scale: torch.Tensor,
                       b_gran: str, weight: torch.Tensor | None, group: str, world: int) -> torch.Tensor:
     """dW [N, K] = A [N, M] @ (every rank's B [K, m], in rank order)^T, the wgrad of a column-parallel linear
@@ -143,7 +135,9 @@ def _fp8_gather_wgrad(a: torch.Tensor, a_scale: torch.Tensor, a_gran: str, b: to
 
     def mm(j: int, tensors) -> None:
         lo, hi = j * m, (j + 1) * m
-        qa = QTensor(_cols(a, lo, hi), _cols(a_scale, lo // TOKEN_BLOCK, hi // TOKEN_BLOCK), a_gran)
+        # views: the wgrad GEMM reads A's columns with A's row stride (lt_wgrad), and an outer-dim-major
+        # scale's columns are contiguous runs of it
+        qa = QTensor(a[:, lo:hi], a_scale[:, lo // TOKEN_BLOCK:hi // TOKEN_BLOCK], a_gran)
         qb = QTensor(tensors[0].contiguous(), tensors[1], b_gran)
         fp8_gemm_accumulate(qa, qb, acc)
 

@@ -4,6 +4,7 @@ import torch
 
 from infir.fp8.dispatch import quantize_pair
 from infir.fp8.gemm import fp8_gemm, fp8_gemm_accumulate, outer_dim_major, scaled_mm_blockwise
+from infir.fp8.quantize import QTensor
 
 pytestmark = pytest.mark.gpu
 
@@ -78,6 +79,31 @@ def test_gemm_entry_points_agree_with_the_lt_path():
     emulated = c0.clone()
     fp8_gemm_accumulate(qa, qb, emulated, backend="emulated")
     torch.testing.assert_close(emulated, acc, rtol=0, atol=2e-3 * float(got.abs().max()))
+
+
+def test_strided_rows_are_read_in_place():
+    """Columns of a wider A (one rank's tokens of the sequence-parallel split wgrad) give the bits of their
+    contiguous copy, through cuBLASLt and not a fallback; columns at an offset cuBLASLt's algorithms do not
+    assume aligned are declined (None), and fp8_gemm_accumulate still adds them, through a copy."""
+    from infir.fp8.kernels.lt_wgrad import lt_wgrad
+
+    qa, qb = _operands(1024, 640, 1024)
+    sa, sb = outer_dim_major(qa.scale), outer_dim_major(qb.scale)
+    half_b, half_sb = qb.data[:, 512:].contiguous(), outer_dim_major(sb[:, 4:])
+    cols, cols_scale = qa.data[:, 512:], sa[:, 4:]
+    assert not cols.is_contiguous() and cols_scale.stride() == (1, cols.shape[0])
+    want = lt_wgrad(cols.contiguous(), cols_scale, half_b, half_sb, torch.float32)
+    c0 = torch.randn(want.shape, device="cuda")
+    acc = c0.clone()
+    assert lt_wgrad(cols, cols_scale, half_b, half_sb, accumulate=acc) is acc
+    assert torch.equal(acc, c0 + want)
+    off, off_scale = qa.data[:, 128:256], sa[:, 1:2]
+    assert lt_wgrad(off, off_scale, qb.data[:, :128].contiguous(), sb[:, :1], accumulate=c0.clone()) is None
+    acc = c0.clone()
+    fp8_gemm_accumulate(QTensor(off, off_scale, "token"), QTensor(qb.data[:, :128].contiguous(), sb[:, :1], "token"),
+                        acc)
+    ref = lt_wgrad(off.contiguous(), off_scale, qb.data[:, :128].contiguous(), outer_dim_major(sb[:, :1]))
+    assert torch.equal(acc, c0 + ref)
 
 
 def test_lt_wgrad_declines_what_it_does_not_take():

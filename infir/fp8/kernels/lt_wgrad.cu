@@ -15,7 +15,8 @@
 //
 // Layout: cuBLASLt is column-major, so our row-major C [Mo, No] is its D (No x Mo) = op(B) A with
 // op = transpose: cuBLAS's A is our B and its B is our A. Scales are in the layout torch's scaled_mm
-// takes: (rows, K/128) with the rows contiguous.
+// takes: (rows, K/128) with the rows contiguous. A's rows may be strided (lda >= K): the columns of
+// every rank's tokens in the sequence-parallel split wgrad are read in place, not copied out first.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -42,7 +43,7 @@ cublasLtHandle_t g_handle = nullptr;
 std::vector<Plan*> g_plans;  // indexed by plan id; plans live as long as the process
 std::mutex g_mutex;
 
-int make_plan(int Mo, int No, int K, int d_fp32, const void* stand_in, Plan& p) {
+int make_plan(int Mo, int No, int K, int lda, int d_fp32, const void* stand_in, Plan& p) {
   cublasStatus_t st;
   if ((st = cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F))) return st;
   const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
@@ -58,7 +59,7 @@ int make_plan(int Mo, int No, int K, int d_fp32, const void* stand_in, Plan& p) 
   cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &stand_in, sizeof(stand_in));
   cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &stand_in, sizeof(stand_in));
   if ((st = cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, K, No, K))) return st;
-  if ((st = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, Mo, K))) return st;
+  if ((st = cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, K, Mo, lda))) return st;
   if ((st = cublasLtMatrixLayoutCreate(&p.c, d_fp32 ? CUDA_R_32F : CUDA_R_16BF, No, Mo, No))) return st;
 
   cublasLtMatmulPreference_t pref;
@@ -84,14 +85,14 @@ int make_plan(int Mo, int No, int K, int d_fp32, const void* stand_in, Plan& p) 
 
 }  // namespace
 
-// A plan for one (Mo, No, K, output type): its descriptors and the heuristic's unsplit,
-// workspace-free algorithms. stand_in: any device address (the heuristic reads no data).
+// A plan for one (Mo, No, K, A's row stride, output type): its descriptors and the heuristic's
+// unsplit, workspace-free algorithms. stand_in: any device address (the heuristic reads no data).
 // Returns the plan id (>= 0) or -cublasStatus_t.
-extern "C" int infir_lt_wgrad_plan(int Mo, int No, int K, int d_fp32, const void* stand_in) {
+extern "C" int infir_lt_wgrad_plan(int Mo, int No, int K, int lda, int d_fp32, const void* stand_in) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_handle && cublasLtCreate(&g_handle) != CUBLAS_STATUS_SUCCESS) return -(int)CUBLAS_STATUS_NOT_INITIALIZED;
   Plan* p = new Plan();
-  if (int st = make_plan(Mo, No, K, d_fp32, stand_in, *p)) {
+  if (int st = make_plan(Mo, No, K, lda, d_fp32, stand_in, *p)) {
     delete p;
     return -st;
   }

@@ -16,8 +16,8 @@ from . import cuda_build
 
 log = logging.getLogger(__name__)
 _FP8 = torch.float8_e4m3fn
-# (device index, Mo, No, K, fp32 out, accumulate) -> (plan id, fastest algorithm or None) or None where
-# cuBLASLt has no plan (adding C runs other kernels, so accumulate picks its own)
+# (device index, Mo, No, K, A's row stride, fp32 out, accumulate) -> (plan id, fastest algorithm or None),
+# or None where cuBLASLt has no plan (adding C runs other kernels, so accumulate picks its own)
 _PLANS: dict = {}
 _LIB: dict = {}  # device index -> library or None
 
@@ -57,11 +57,19 @@ def _fastest(lib, plan: int, a, sa, b, sb, out, beta: float, reps: int = 3) -> i
     return min(range(len(times)), key=times.__getitem__)
 
 
+# the heuristic's algorithms assume operands 256-byte aligned (cuBLASLt's default preference)
+_ALIGN = 256
+
+
 def fits(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor) -> bool:
-    """E4M3 operands [Mo, K] and [No, K], K-contiguous, with outer-dim-major 1x128 scales."""
-    if a.dtype != _FP8 or b.dtype != _FP8 or a.dim() != 2 or b.dim() != 2 or not (a.is_contiguous() and b.is_contiguous()):
+    """E4M3 operands [Mo, K] and [No, K], K-contiguous, with outer-dim-major 1x128 scales. A's rows may
+    be strided (columns of a wider matrix), aligned as cuBLASLt's algorithms assume; B is contiguous."""
+    if a.dtype != _FP8 or b.dtype != _FP8 or a.dim() != 2 or b.dim() != 2 or not b.is_contiguous():
         return False
     (mo, k), no = a.shape, b.shape[0]
+    if not a.is_contiguous() and (a.stride(1) != 1 or a.stride(0) < k or a.stride(0) % 16
+                                  or a.data_ptr() % _ALIGN):
+        return False
     outer_major = lambda s, rows: s.shape == (rows, k // 128) and s.stride(0) == 1 and (k == 128 or s.stride(1) == rows)
     return k == b.shape[1] and k % 128 == 0 and mo % 16 == 0 and no % 16 == 0 and outer_major(sa, mo) and outer_major(sb, no)
 
@@ -70,12 +78,13 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, accumulate: 
     """(library, plan key, (plan id, chosen algorithm or None)) for a [Mo, K] @ b [No, K]^T; the entry
     is None where the library did not build or cuBLASLt offers no unsplit algorithm."""
     lib = _lib(a.device)
-    key = (a.device.index, a.shape[0], b.shape[0], a.shape[1], out_dtype == torch.float32, accumulate)
+    lda = a.stride(0) if a.shape[0] > 1 else a.shape[1]
+    key = (a.device.index, a.shape[0], b.shape[0], a.shape[1], lda, out_dtype == torch.float32, accumulate)
     if lib is None:
         return None, key, None
     entry = _PLANS.get(key, ())
     if entry == ():
-        plan = lib.infir_lt_wgrad_plan(a.shape[0], b.shape[0], a.shape[1], int(out_dtype == torch.float32),
+        plan = lib.infir_lt_wgrad_plan(a.shape[0], b.shape[0], a.shape[1], lda, int(out_dtype == torch.float32),
                                        ctypes.c_void_p(a.data_ptr()))
         entry = None if plan < 0 else (plan, None)
         if plan < 0:
@@ -86,8 +95,8 @@ def _plan(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, accumulate: 
 
 def lt_wgrad(a: torch.Tensor, sa: torch.Tensor, b: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype = torch.float32,
              accumulate: torch.Tensor | None = None, algo: int | None = None) -> torch.Tensor | None:
-    """a [Mo, K] @ b [No, K]^T in out_dtype (FP32 or BF16), or added in place into `accumulate`
-    (FP32 [Mo, No], returned); None where this path does not apply (see module doc).
+    """a [Mo, K] (its rows strided or not: `fits`) @ b [No, K]^T in out_dtype (FP32 or BF16), or added in
+    place into `accumulate` (FP32 [Mo, No], returned); None where this path does not apply (see module doc).
 
     algo: force one of the plan's algorithms (tests); default: the fastest, timed on the first call
     of each shape outside CUDA-graph capture (inside one, the heuristic's first, not remembered).
