@@ -99,6 +99,10 @@ def classify(name: str) -> str:
     n = name.lower()
     if n.startswith("nccl"):  # TP/SP collectives, kept apart from compute (exposed_communication)
         return "communication"
+    if n.startswith("memcpy ptop") or "symmetric_memory::barrier" in n:
+        # the copy-engine transport of the split TP schedules (sp_overlap): its peer copies and the waits
+        # for a peer's signal are its collectives, exposed where no compute kernel runs beside them
+        return "communication"
     if any(k in n for k in ("adam", "multi_tensor", "foreach")):  # before "flash": _flash_adamw_kernel
         return "optimizer"
     if any(k in n for k in ("flash", "fmha", "attention", "attn")):

@@ -24,6 +24,11 @@ def _kernel(name, start, end, device=CUDA, annotation=False):
 def test_kernel_classes_of_the_profile():
     assert step.classify("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "communication"
     assert step.classify("nvjet_sm90_qqtst_128x128_128x6_2x1_v_bz_coopA_algo2_Ablk128_Bvec128_TNN") == "gemm"
+    # the copy-engine transport's transfers and peer waits are communication; a local copy is not
+    assert step.classify("Memcpy PtoP (Device -> Device)") == "communication"
+    assert step.classify("c10d::symmetric_memory::barrier_kernel(unsigned int**, int, int, int, unsigned long)") \
+        == "communication"
+    assert step.classify("Memcpy DtoD (Device -> Device)") == "copies"
     both = "void (anonymous namespace)::quant_token_both<(anonymous namespace)::{}, true, false, 4>(...)"
     assert step.classify(both.format("Bf16Rows")) == "quantize"
     assert step.classify(both.format("SwigluBwdRows")) == "swiglu+quantize (fused)"
