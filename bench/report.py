@@ -170,7 +170,9 @@ def shown_precision(run: Run, row: dict) -> str:
 
 
 def step_rows(runs: list[Run]) -> dict[tuple, tuple[Run, dict]]:
-    """(model, parallel, device, seq, recompute, precision) -> (run, row), the newest run of each winning."""
+    """(model, parallel, device, seq, recompute, precision) -> (run, row), the newest run of each winning. The
+    precision is the one shown (shown_precision): a row that named no overlap competes with one that named the
+    overlap it ran without."""
     newest = {}
     for run in runs:
         if not run.kind.startswith("step") or run.kind.startswith("step_dp"):  # the DP section shows those
@@ -178,7 +180,7 @@ def step_rows(runs: list[Run]) -> dict[tuple, tuple[Run, dict]]:
         for row in run.rows("step_ms"):
             if is_number(row.get("step_ms")):
                 key = (row["model"], (parallel(run), world_size(run)), run.env.get("device", "?"), row["seq"],
-                       row["recompute"], row["precision"])
+                       row["recompute"], shown_precision(run, row))
                 newest[key] = (run, row)
     return newest
 

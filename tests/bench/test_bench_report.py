@@ -28,8 +28,9 @@ def _step_row(precision: str, step_ms: float, tokens: int, mfu: float, mem: floa
             **({"peak_reserved_GiB": held} if held is not None else {})}
 
 
-def _write_step(folder: Path, date: str, rows: list[dict], ratios: list[dict], peers: list[dict]) -> None:
-    sections = ["parallel: single, 1 rank(s); TFLOP/s and MFU per GPU", markdown_table(rows),
+def _write_step(folder: Path, date: str, rows: list[dict], ratios: list[dict], peers: list[dict],
+                layout: str = "single, 1 rank(s)") -> None:
+    sections = [f"parallel: {layout}; TFLOP/s and MFU per GPU", markdown_table(rows),
                 "FP8 vs BF16, same run:\n\n" + markdown_table(ratios)]
     if peers:
         sections.append("infir vs the HF transformers peers (bench/hf_peer.py), same run:\n\n" + markdown_table(peers))
@@ -129,6 +130,20 @@ def test_a_tp_row_that_ran_without_the_overlap_tp2_now_turns_on_says_so():
                 {"precision": "bf16+parallel.sequence_parallel=false"}):  # ran it, or had nothing to split
         assert report.shown_precision(tp2, row) == row["precision"]
     assert report.shown_precision(single, {"precision": "bf16"}) == "bf16"
+
+
+def test_a_row_that_named_no_overlap_gives_way_to_a_newer_one_naming_it_off(tmp_path):
+    """tp2 turns the overlap on: an old run's plain `bf16` ran without it, as a new run's named case did, and only
+    the newer of the two is shown."""
+    results = tmp_path / "results"
+    _write_step(results / "2026-01-01-aaaaaaa", "2026-01-01 10:00", [_step_row("bf16", 800.0, 41000, 0.45, 46.2)], [],
+                [], layout="tp2, 2 rank(s)")
+    _write_step(results / "2026-01-02-bbbbbbb", "2026-01-02 10:00",
+                [_step_row("bf16+parallel.tp_comm_overlap=false", 790.0, 41500, 0.46, 46.2)], [], [],
+                layout="tp2, 2 rank(s)")
+    lines = report.render(results, tmp_path / "BENCHMARKS.md").splitlines()
+    shown = [ln for ln in lines if ln.startswith("| 4096 | none | bf16+parallel.tp_comm_overlap=false |")]
+    assert len(shown) == 1 and "| 790 |" in shown[0]
 
 
 def test_check_detects_a_stale_page(tmp_path):
