@@ -273,7 +273,8 @@ def exposed_by_op(comm: list[tuple[str, int, int]], uncovered, window: tuple[int
     lo, hi = window
     per: dict[str, list[float]] = {}
     for name, a, b in comm:
-        op = re.sub(r"^nccl(DevKernel_)?", "", name).split("_")[0] or name
+        op = ("barrier" if "symmetric_memory::barrier" in name else
+              re.sub(r"^nccl(DevKernel_)?", "", name).split("_")[0].split(" (")[0] or name)
         tenths = per.setdefault(op, [0.0] * 10)
         tenths[min(9, int(10 * (a - lo) / max(1, hi - lo)))] += uncovered(a, b) / 1e3
     return "; ".join(f"{op} {sum(t):.1f} [" + " ".join(f"{x:.1f}" for x in t) + "]" for op, t in sorted(per.items()))

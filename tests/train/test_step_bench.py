@@ -51,12 +51,16 @@ def test_exposed_communication_counts_only_time_without_compute(capsys):
         _kernel("ncclDevKernel_AllGather", 3000, 3400),      # alone
         _kernel("Optimizer.step#AdamW.step", 2900, 3500, annotation=True),  # a record_function span: not a kernel
         _kernel("cpu_op", 0, 5000, device=torch.autograd.DeviceType.CPU),
+        # the copy-engine transport: a peer copy half beside gemm_b, a barrier wait alone
+        _kernel("Memcpy PtoP (Device -> Device)", 1900, 2100),
+        _kernel("c10d::symmetric_memory::barrier_kernel(unsigned int**, int, int, int, unsigned long)", 4000, 4300),
     ])
     step.exposed_communication(step.kernel_spans(prof), (0, 5000))
     out = capsys.readouterr().out
-    # comm 1000 + 200 + 400 = 1600 us; exposed 600 + 0 + 400 = 1000 us
-    assert "communication kernels: 1.6 ms in the measured step, 1.0 ms of it" in out, out
-    assert "AllGather 1.0 [0.6 0.0 0.0 0.0 0.0 0.0 0.4 0.0 0.0 0.0]; ReduceScatter 0.0" in out, out
+    # comm 1000 + 200 + 400 + 200 + 300 = 2100 us; exposed 600 + 0 + 400 + 100 + 300 = 1400 us
+    assert "communication kernels: 2.1 ms in the measured step, 1.4 ms of it" in out, out
+    assert ("AllGather 1.0 [0.6 0.0 0.0 0.0 0.0 0.0 0.4 0.0 0.0 0.0]; Memcpy PtoP 0.1 [0.0 0.0 0.0 0.1 0.0 0.0 0.0 0.0 "
+            "0.0 0.0]; ReduceScatter 0.0 [0.0 0.0 0.0 0.0 0.0 0.0 0.0 0.0 0.0 0.0]; barrier 0.3 ") in out, out
 
 
 def test_the_middle_of_three_profiled_steps_is_measured(capsys):
