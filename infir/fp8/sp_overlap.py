@@ -105,10 +105,17 @@ def gather_mm(local: Sequence[torch.Tensor], mm: Callable[[int, Sequence[torch.T
 
 def shares_memory(group: str) -> bool:
     """Whether the group's GPUs can map each other's memory: an NCCL group whose ranks are processes of one
-    host. Megatron makes tensor-parallel groups of consecutive ranks (TP is the innermost dimension), so a
-    group no larger than the processes torchrun started on this host lies within it."""
+    host (on_one_host)."""
     pg = process_group(group)
-    return dist.get_backend(pg) == "nccl" and pg.size() <= int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    return dist.get_backend(pg) == "nccl" and on_one_host(dist.get_process_group_ranks(pg),
+                                                          int(os.environ.get("LOCAL_WORLD_SIZE", "0")))
+
+
+def on_one_host(ranks: Sequence[int], local_world: int) -> bool:
+    """Whether these global ranks are processes of one host, where torchrun numbers each host's `local_world`
+    processes consecutively. A group of consecutive ranks (megatron's tensor-parallel groups) can still straddle
+    two hosts when its size does not divide local_world. Unknown (local_world 0, not under torchrun): no."""
+    return local_world > 0 and len({r // local_world for r in ranks}) == 1
 
 
 def _side_stream(device: torch.device) -> torch.cuda.Stream:

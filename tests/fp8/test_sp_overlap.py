@@ -67,3 +67,14 @@ def test_a_reserved_buffer_grows_only_by_reserve(monkeypatch):
     sp_overlap.reserve("tp0", 3 << 20, cpu)
     assert sp_overlap._mapped_buffer("tp0", 3 << 20, cpu) == ("handle", 4 << 20)
     assert [held[1] for held in sp_overlap._OUTGROWN] == [("handle", 1 << 20)]
+
+
+def test_a_group_is_on_one_host_only_inside_one_hosts_block_of_ranks():
+    """torchrun numbers each host's processes consecutively: a TP=4 group of ranks 4-7 lies on one 8-GPU host
+    but straddles two 6-GPU ones; without torchrun's count nothing is known to share memory."""
+    from infir.fp8 import sp_overlap
+
+    assert sp_overlap.on_one_host([4, 5, 6, 7], 8)
+    assert not sp_overlap.on_one_host([4, 5, 6, 7], 6)
+    assert sp_overlap.on_one_host([6, 7, 8, 9], 6) and not sp_overlap.on_one_host([10, 11, 12, 13], 6)
+    assert not sp_overlap.on_one_host([0, 1], 0)
