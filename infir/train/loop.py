@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from infir.model import build_gpt, check_parallel, get_size, transformer_config
 from infir.model.cpu_shims import seed_everything
-from infir.model.linears import reserve_overlap_buffers
+from infir.model.linears import reserve_overlap_buffers, sequence_parallel_schedule
 from infir.train import batch as batching
 from infir.train import checkpoint, data, dist as distributed
 from infir.train.flops import flops_per_token, peak_tflops
@@ -609,6 +609,11 @@ class Trainer:
             f"{self.cfg.run_name}: {self.size.num_params() / 1e6:.1f}M params, tp={self.info.tp} cp={self.info.cp} dp={self.info.dp}, "
             f"{self.total_iters} steps x {format_si(self.tokens_per_step)} tokens, accumulation {self.accum}, device {self.device}, precision {self.recipe.name}"
         )
+        from megatron.core import parallel_state as ps
+
+        schedule = sequence_parallel_schedule(self.model.config, ps.get_tensor_model_parallel_group())
+        if schedule:
+            self.log.console(f"tensor parallel: {schedule}")
         if self.optimizer.sharded:
             how = self.optimizer.gather_dtypes
             self.log.console(f"optimizer states sharded over {self.info.dp * self.info.cp} ranks; parameter all-gather "

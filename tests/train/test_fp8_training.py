@@ -97,7 +97,12 @@ def test_gpu_full_recompute_with_per_forward_weights_trains_on_the_kept_weights_
 def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path, overlap):
     common = [*FAST, f"data.root={demo_root}", "precision=fp8_blockwise_ue8m0", "stage.iters=6"]
     run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
-    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"], nproc=2)
+    proc = run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"],
+                     nproc=2)
+    # the start line says how the collectives ran: gloo's ranks exchange, never map memory
+    said = ("split per rank around their GEMMs, rows moved by all-to-all exchanges" if overlap
+            else "before and after their GEMMs (parallel.tp_comm_overlap=false)")
+    assert f"tensor parallel: sequence-parallel collectives {said}" in proc.stdout + proc.stderr, proc.stdout[-2000:]
     a, b = losses(tmp_path / "tp1"), losses(tmp_path / "tp2")
     assert sorted(a) == sorted(b) == list(range(1, 7))
     for step in a:
