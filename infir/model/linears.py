@@ -183,12 +183,12 @@ def reserve_overlap_buffers(tp_group, tokens: int, hidden: int, dtype: torch.dty
     reserve(tp_group.group_name, max(slots, gather), device)
 
 
-def sequence_parallel_schedule(config, tp_group) -> str | None:
-    """How this tensor-parallel group runs its sequence-parallel collectives, for the trainer's start line;
-    None where there are none."""
-    if tp_group.size() == 1 or not config.sequence_parallel:
+def sequence_parallel_schedule(sequence_parallel: bool, overlap: bool, tp_group) -> str | None:
+    """How this tensor-parallel group runs its sequence-parallel collectives (with tp_comm_overlap or without),
+    for the trainer's start line; None where there are none."""
+    if tp_group.size() == 1 or not sequence_parallel:
         return None
-    if not config.tp_comm_overlap:
+    if not overlap:
         return "sequence-parallel collectives before and after their GEMMs (parallel.tp_comm_overlap=false)"
     how = "the copy engines (symmetric memory)" if shares_memory(tp_group.group_name) else "all-to-all exchanges"
     return f"sequence-parallel collectives split per rank around their GEMMs, rows moved by {how}"

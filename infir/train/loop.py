@@ -611,7 +611,8 @@ class Trainer:
         )
         from megatron.core import parallel_state as ps
 
-        schedule = sequence_parallel_schedule(self.model.config, ps.get_tensor_model_parallel_group())
+        schedule = sequence_parallel_schedule(self.cfg.parallel.sequence_parallel, self.cfg.parallel.tp_comm_overlap,
+                                              ps.get_tensor_model_parallel_group())
         if schedule:
             self.log.console(f"tensor parallel: {schedule}")
         if self.optimizer.sharded:
