@@ -114,6 +114,15 @@ class Fp8RowLinear(Fp8Projection, RowLinear):
         return sequence_reduce_scatter(self.matmul(x, weight, None), self.tp_group)
 
 
+def splits_around_gemms(recipe: Recipe, shard_tokens: int) -> bool:
+    """Whether the recipe's linears can split their sequence-parallel collectives around the GEMMs
+    (tp_comm_overlap) for shards of `shard_tokens` tokens: BF16 ones always; FP8 ones where activations and
+    gradients are quantized per token in whole 128-token groups of a shard (SequenceParallel.takes)."""
+    if recipe.input is None:
+        return True
+    return all(SequenceParallel.takes(f.granularity, shard_tokens) for f in (recipe.input, recipe.grad_output))
+
+
 def fp8_linears_of(model: torch.nn.Module) -> list:
     return [m for m in model.modules() if isinstance(m, Fp8Projection)]
 

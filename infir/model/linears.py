@@ -183,13 +183,16 @@ def reserve_overlap_buffers(tp_group, tokens: int, hidden: int, dtype: torch.dty
     reserve(tp_group.group_name, max(slots, gather), device)
 
 
-def sequence_parallel_schedule(sequence_parallel: bool, overlap: bool, tp_group) -> str | None:
-    """How this tensor-parallel group runs its sequence-parallel collectives (with tp_comm_overlap or without),
-    for the trainer's start line; None where there are none."""
+def sequence_parallel_schedule(sequence_parallel: bool, overlap: bool, splits: bool, tp_group) -> str | None:
+    """How this tensor-parallel group runs its sequence-parallel collectives, for the trainer's start line (None
+    where there are none): with tp_comm_overlap, split around the GEMMs where the linears can (`splits`)."""
     if tp_group.size() == 1 or not sequence_parallel:
         return None
     if not overlap:
         return "sequence-parallel collectives before and after their GEMMs (parallel.tp_comm_overlap=false)"
+    if not splits:
+        return ("sequence-parallel collectives before and after their GEMMs: parallel.tp_comm_overlap splits FP8 ones "
+                "only where activations and gradients are scaled per token, in whole 128-token groups of a rank's shard")
     how = "the copy engines (symmetric memory)" if shares_memory(tp_group.group_name) else "all-to-all exchanges"
     return f"sequence-parallel collectives split per rank around their GEMMs, rows moved by {how}"
 

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from infir.model import build_gpt, check_parallel, get_size, transformer_config
 from infir.model.cpu_shims import seed_everything
+from infir.model.fp8_linears import splits_around_gemms
 from infir.model.linears import reserve_overlap_buffers, sequence_parallel_schedule
 from infir.train import batch as batching
 from infir.train import checkpoint, data, dist as distributed
@@ -611,8 +612,9 @@ class Trainer:
         )
         from megatron.core import parallel_state as ps
 
+        splits = splits_around_gemms(self.recipe, rank_tokens(self.cfg.stage, self.info) // self.info.tp)
         schedule = sequence_parallel_schedule(self.cfg.parallel.sequence_parallel, self.cfg.parallel.tp_comm_overlap,
-                                              ps.get_tensor_model_parallel_group())
+                                              splits, ps.get_tensor_model_parallel_group())
         if schedule:
             self.log.console(f"tensor parallel: {schedule}")
         if self.optimizer.sharded:

@@ -92,6 +92,25 @@ def test_gpu_full_recompute_with_per_forward_weights_trains_on_the_kept_weights_
     assert peaks["auto"] < peaks["true"], peaks
 
 
+def test_the_start_line_says_where_the_overlap_cannot_split_an_fp8_recipes_collectives():
+    """Per-tensor and two-level scales, or shards that cut a 128-token group, keep megatron's order (the linears'
+    SequenceParallel.takes); BF16 always splits."""
+    from types import SimpleNamespace
+
+    from infir.fp8 import get_recipe
+    from infir.model.fp8_linears import splits_around_gemms
+    from infir.model.linears import sequence_parallel_schedule
+
+    assert splits_around_gemms(get_recipe("bf16"), 100) and splits_around_gemms(get_recipe("fp8_blockwise_ue8m0"), 2048)
+    assert not splits_around_gemms(get_recipe("fp8_blockwise_ue8m0"), 2048 + 64)
+    for whole_tensor_or_two_level in ("fp8_tensorwise", "moss"):
+        assert not splits_around_gemms(get_recipe(whole_tensor_or_two_level), 2048)
+    tp2, tp1 = SimpleNamespace(size=lambda: 2, group_name="tp"), SimpleNamespace(size=lambda: 1, group_name="tp")
+    assert "scaled per token" in sequence_parallel_schedule(True, True, False, tp2)
+    assert sequence_parallel_schedule(True, True, True, tp1) is None
+    assert sequence_parallel_schedule(False, True, True, tp2) is None
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("overlap", [False, True])
 def test_fp8_tp2_sequence_parallel_matches_tp1(demo_root, tmp_path, overlap):
