@@ -107,8 +107,9 @@ def shares_memory(group: str) -> bool:
     """Whether the group's GPUs can map each other's memory: an NCCL group whose ranks are processes of one
     host (on_one_host)."""
     pg = process_group(group)
-    return dist.get_backend(pg) == "nccl" and on_one_host(dist.get_process_group_ranks(pg),
-                                                          int(os.environ.get("LOCAL_WORLD_SIZE", "0")))
+    # the ranks first: gloo runs (CPU tests) then read the same group's ranks that NCCL runs do
+    return on_one_host(dist.get_process_group_ranks(pg), int(os.environ.get("LOCAL_WORLD_SIZE", "0"))) \
+        and dist.get_backend(pg) == "nccl"
 
 
 def on_one_host(ranks: Sequence[int], local_world: int) -> bool:
