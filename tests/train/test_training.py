@@ -55,7 +55,12 @@ def test_gpu_tp2_with_compiled_layers_trains_as_one_rank(demo_root, tmp_path, pr
               f"data.root={demo_root}", "stage.iters=8", "stage.seq_length=256", "stage.global_batch=4",
               "stage.micro_batch=2"]
     run_train([*common, f"run_dir={tmp_path / 'tp1'}"])
-    run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"], nproc=2)
+    proc = run_train([*common, f"run_dir={tmp_path / 'tp2'}", "parallel=tp2", f"parallel.tp_comm_overlap={overlap}"],
+                     nproc=2)
+    # two GPUs of one host map each other's memory: the copy engines move the rows
+    said = ("split per rank around their GEMMs, rows moved by the copy engines (symmetric memory)" if overlap
+            else "before and after their GEMMs (parallel.tp_comm_overlap=false)")
+    assert f"tensor parallel: sequence-parallel collectives {said}" in proc.stdout + proc.stderr, proc.stdout[-2000:]
     rows = {name: {r["step"]: r for r in read_metrics(tmp_path / name / "metrics.jsonl") if "loss" in r}
             for name in ("tp1", "tp2")}
     one, two = rows["tp1"], rows["tp2"]
