@@ -14,8 +14,8 @@ from infir.train.comm_volume's volumes over the measured bus bandwidth, hierarch
 trainer's for its optimizer overrides: by default ZeRO-1, overlapped, wherever DP x CP > 1; with
 `+optimizer.distributed=false,optimizer.overlap_grad_reduce=false`, replicated states and one all-reduce
 after the backward. What overlapped collectives take from the compute beside them is measured: a
-data-parallel step against its one-GPU twin (`validate` prices each step with the contention of the
-others). A step's
+data-parallel step against its one-GPU twin, separately for steps of one micro-batch per rank and of several
+(`validate` prices each step with the contention of the others of its kind). A step's
 micro-batches per rank come from its own tokens/s and step time, whatever its `accum` meant when it ran.
 The projection keeps InfiR2's CPT batch of 4M tokens a step at every GPU count (`--global-tokens`;
 `--accum` grows it with the GPUs instead), rounded up to whole micro-batches per DP rank where it does not
@@ -32,6 +32,7 @@ import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit, markdown_table, slowest_rank_ms  # noqa: E402
@@ -472,11 +473,21 @@ def measured_tp_hidden(pairs: list[tuple], device: str, leave_out: Measured | No
                      lambda m: f"{m.row['model']} {m.row['precision']}")
 
 
-def measured_contention(pairs: list[tuple], device: str, leave_out: Measured | None = None) -> tuple[float, str]:
-    """The contention of overlapped data-parallel communication (pair_mean; 0: overlap free)."""
+def measured_contention(pairs: list[tuple], device: str, leave_out: Measured | None = None,
+                        micro_batches: int | None = None) -> tuple[float, str]:
+    """The contention of overlapped data-parallel communication (pair_mean; 0: overlap free), from the steps of
+    one micro-batch per rank a step where `micro_batches` is one, else from those of several, where any such was
+    measured. The two differ: with one micro-batch the data-parallel hooks' host work, and the ranks' skew in it,
+    lie on the GPU's timeline beside the collectives; behind queued micro-batches they do not."""
+    what = "DP steps against their one-GPU twins"
+    if micro_batches:
+        alike = [p for p in pairs if (p[0].micro_batches > 1) == (micro_batches > 1)
+                 and leave_out is not p[0] and leave_out is not p[1]]
+        if alike:
+            pairs, what = alike, f"DP steps of {'several micro-batches' if micro_batches > 1 else 'one micro-batch'} " \
+                                 "per rank a step against their one-GPU twins"
     return pair_mean(pairs, device, leave_out,
-                     "no data-parallel step measured beside its one-GPU twin: overlap assumed free",
-                     "DP steps against their one-GPU twins")
+                     "no data-parallel step measured beside its one-GPU twin: overlap assumed free", what)
 
 
 def bandwidth_runs(runs: list[Run], paths: list[Path]) -> list[Run]:
@@ -618,7 +629,8 @@ def parse_spec(spec: str) -> tuple[str, int, int, int, str]:
 
 
 def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None, rates: ComputeRates | None,
-                net: Network, contention: float, tp_hidden: float) -> dict:
+                net: Network, contention: Callable[[int], float], tp_hidden: float) -> dict:
+    """One projected step; contention(micro-batches per rank): the data-parallel contention for its step."""
     model, seq, tp, cp, recompute = parse_spec(spec)
     row = {"model": model, "seq": seq, "replica": f"tp{tp}" + (f"cp{cp}" if cp > 1 else ""), "recompute": recompute,
            "precision": precision, "GPUs": gpus}
@@ -631,13 +643,13 @@ def project_row(args, spec: str, precision: str, gpus: int, src: Measured | None
     case = Case(get_size(model), seq, args.mbs, micro, layout, fp8_sp_gather(precision),
                 weight_passes(precision, recompute, micro))
     dp = data_parallel(precision, layout)
-    pred = predict(case, rates, net, dp, Overlap(tp_hidden, contention))
+    pred = predict(case, rates, net, dp, Overlap(tp_hidden, contention(micro)))
     if dp.overlap:  # beside it, the same step with its data-parallel communication in full view
         pred["efficiency, DP not overlapped"] = predict(case, rates, net, replace(dp, overlap=False),
                                                         Overlap(tp_hidden))["efficiency"]
     fp8 = data_parallel(precision, layout, args.fp8_param_gather)
     if fp8.fp8_params != "off":  # beside it, the same step with the FP8 linears' weights gathered in FP8
-        gathered = predict(case, rates, net, fp8, Overlap(tp_hidden, contention))
+        gathered = predict(case, rates, net, fp8, Overlap(tp_hidden, contention(micro)))
         pred.update({f"{k}, FP8 param gather": gathered[k] for k in FP8_GATHER_COLUMNS})
     return {**row, "dp": layout.dp, "micro-batches": micro, "tokens a step": micro * args.mbs * seq * layout.dp, **pred,
             "source": src.label}
@@ -664,8 +676,18 @@ def project(args) -> None:
     sources = step_records(runs)
     net, net_line, _ = network(args, runs, args.device)
     nets = device_networks(args, runs, sources)
-    contention, contention_line = (args.dp_contention, "--dp-contention") if args.dp_contention is not None \
-        else measured_contention(contention_pairs(sources, nets), args.device)
+    pairs = contention_pairs(sources, nets)
+
+    def contention(micro: int) -> float:
+        return args.dp_contention if args.dp_contention is not None \
+            else measured_contention(pairs, args.device, micro_batches=micro)[0]
+
+    if args.dp_contention is not None:
+        contention_line = f"{args.dp_contention:.2f} (--dp-contention)"
+    else:
+        (one, one_line), (several, several_line) = (measured_contention(pairs, args.device, micro_batches=n) for n in (1, 2))
+        contention_line = (f"at one micro-batch per rank a step {one:.2f} ({one_line}), at several "
+                           f"{several:.2f} ({several_line})")
     tp_hidden, tp_line = (args.tp_hidden, "--tp-hidden") if args.tp_hidden is not None \
         else measured_tp_hidden(tp_overlap_pairs(sources, nets), args.device)
     attention = attention_rates(sources)
@@ -676,8 +698,8 @@ def project(args) -> None:
             dp_lines[precision] = describe(data_parallel(precision, Layout(tp=tp, cp=cp, dp=2)))
             src = pick_source(sources, model, seq, Layout(tp=tp, cp=cp, recompute=recompute), case_of(precision),
                               args.device)
-            rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention), src, seq, args.device,
-                              attention) if src else None
+            rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention(src.micro_batches)), src, seq,
+                              args.device, attention) if src else None
             rows += [project_row(args, spec, precision, gpus, src, rates, net, contention, tp_hidden)
                      for gpus in args.gpus]
     columns = ["model", "seq", "replica", "recompute", "precision", "GPUs", "dp", "micro-batches", "tokens a step",
@@ -685,7 +707,7 @@ def project(args) -> None:
                "tp_cp_comm_ms", "dp_comm_ms", "dp_cost_ms", "tokens/s per GPU", "efficiency",
                "efficiency, DP not overlapped", *(f"{c}, FP8 param gather" for c in FP8_GATHER_COLUMNS), "source"]
     sections = [assumptions(args, net_line, "; ".join(f"{p}: {d}" for p, d in dp_lines.items()),
-                            f"{contention:.2f} ({contention_line})",
+                            contention_line,
                             f"split around the GEMMs (parallel.tp_comm_overlap) at every TP size, {tp_hidden:.2f} of it "
                             f"off the step ({tp_line})"),
                 ("batch: " + (f"{args.accum} micro-batches of {args.mbs} x seq tokens per data-parallel rank a step (the "
@@ -746,13 +768,16 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
     if src is None or not m.micro_batches:
         return None
     attention = attention_rates(records)
-    contention = args.dp_contention if args.dp_contention is not None else measured_contention(pairs, m.device, m)[0]
+    def contention(step: Measured) -> float:  # the other DP steps' that accumulate as `step` does
+        return args.dp_contention if args.dp_contention is not None \
+            else measured_contention(pairs, step.device, m, step.micro_batches)[0]
+
     tp_hidden = 0.0
     if m.tp_overlap:
         tp_hidden = args.tp_hidden if args.tp_hidden is not None else measured_tp_hidden(tp_pairs, m.device, m)[0]
     net = nets.get(m.device, ONE_GPU)
-    rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention), src, r["seq"], m.device, attention, m)
-    pred = predict(m.priced(), rates, net[0], m.dp, Overlap(tp_hidden, contention))
+    rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention(src)), src, r["seq"], m.device, attention, m)
+    pred = predict(m.priced(), rates, net[0], m.dp, Overlap(tp_hidden, contention(m)))
     comm = (m.shares or {}).get("communication")
     return {"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "precision": r["precision"],
             "layout": lay.name, "GPUs": lay.gpus, "mbs x micro-batches": f"{r['mbs']}x{m.micro_batches}",
@@ -760,7 +785,7 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
             "error_%": 100 * (pred["step_ms"] - r["step_ms"]) / r["step_ms"], "compute_ms": pred["compute_ms"],
             "tp_cp_comm_ms": pred["tp_cp_comm_ms"], "profiled_comm_ms": comm * r["step_ms"] if comm else "",
             "data parallel": describe(m.dp) if lay.grad_ranks > 1 else "", "dp_comm_ms": pred["dp_comm_ms"],
-            "dp_cost_ms": pred["dp_cost_ms"], "dp_contention": contention if m.dp.overlap and lay.grad_ranks > 1 else "",
+            "dp_cost_ms": pred["dp_cost_ms"], "dp_contention": contention(m) if m.dp.overlap and lay.grad_ranks > 1 else "",
             "tp_hidden": tp_hidden if m.tp_overlap else "",
             "inputs on its device": "yes" if src.device == m.device and net[2] else "no", "source": src.label}
 
@@ -792,7 +817,8 @@ def validate(args) -> None:
             unpriced.append(f"{m.label} on {m.layout.name}")
     rows.sort(key=lambda r: (r["GPUs"], r["model"], r["seq"], r["precision"], r["device"]))
     contention = ("--dp-contention" if args.dp_contention is not None else
-                  "each DP step's from the other DP steps measured beside their one-GPU twins (column dp_contention; "
+                  "each DP step's from the other DP steps measured beside their one-GPU twins, those of one micro-batch "
+                  "per rank a step for such a step, else those of several (column dp_contention; "
                   + "; ".join(f"{m.label}: {c:.2f}" for m, _, c in pairs) + ")" if pairs else
                   "0, no data-parallel step measured beside its one-GPU twin: overlap assumed free")
     tp_line = ("--tp-hidden" if args.tp_hidden is not None else
@@ -826,7 +852,8 @@ def model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--dp-contention", type=float,
                    help="what overlapped data-parallel communication costs the compute beside it, x its intra-node "
-                        "time (default: measured, from data-parallel steps beside their one-GPU twins)")
+                        "time (default: measured, from data-parallel steps beside their one-GPU twins, those of one "
+                        "micro-batch per rank a step for such a step, else those of several)")
     p.add_argument("--tp-hidden", type=float,
                    help="share of TP communication parallel.tp_comm_overlap takes off the step (default: measured, "
                         "from steps with and without it)")

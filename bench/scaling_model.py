@@ -31,7 +31,7 @@ has only the other buckets' optimizer steps beside it), plus the contention of t
 overlapped collectives take SMs and memory bandwidth from the compute beside them, which slows by
 `Overlap.dp_contention` times their time at intra-node bus bandwidth (their work on the GPU, which does not
 depend on how slow the wire behind it is). The contention is measured (bench/scaling.py: a data-parallel
-step against its one-GPU twin).
+step against its one-GPU twin, apart for steps of one micro-batch per rank and of several).
 """
 from __future__ import annotations
 

@@ -333,6 +333,25 @@ def test_a_dp2_step_prices_the_single_gpu_one_with_its_communication_taken_out(r
     assert one["predicted_ms"] < 700 + 0.5 * (_zero1_ms(CONTENTION) - 0.95 * 700 - 0.05 * 350)
 
 
+def test_contention_comes_from_the_steps_that_accumulate_as_the_priced_one_does():
+    """Steps of one micro-batch per rank a step show more contention than those that accumulate: each is priced
+    from its kind, or from every pair where none of its kind was measured."""
+    from types import SimpleNamespace
+
+    def pair(micro: int, figure: float) -> tuple:
+        step = SimpleNamespace(micro_batches=micro, device="NVIDIA H200", row={"precision": f"bf16 a{micro}"})
+        return step, SimpleNamespace(), figure
+
+    pairs = [pair(1, 0.8), pair(1, 0.6), pair(4, 0.2)]
+    one, line = scaling.measured_contention(pairs, "H200", micro_batches=1)
+    assert one == pytest.approx(0.7) and "DP steps of one micro-batch per rank a step" in line
+    several, line = scaling.measured_contention(pairs, "H200", micro_batches=8)
+    assert several == pytest.approx(0.2) and "DP steps of several micro-batches" in line
+    left, line = scaling.measured_contention(pairs, "H200", leave_out=pairs[2][0], micro_batches=4)
+    assert left == pytest.approx(0.7) and line.startswith("measured: DP steps against")  # none of its kind left
+    assert scaling.measured_contention(pairs, "H200")[0] == pytest.approx(1.6 / 3)
+
+
 def test_without_a_second_measured_pair_the_overlap_is_free(results, tmp_path):
     data = _validate(results, tmp_path, "--dp-contention", "0")
     rows = {(r["GPUs"], r["precision"]): r for r in data["tables"][0]["rows"]}
@@ -444,9 +463,12 @@ def test_project_writes_rows_and_a_figure(results, tmp_path):
                                                             "2026-01-01-aaaaaaa/scaling_bw_2gpu"))
     assert "inter-node 50 GB/s per GPU" in assumed
     assert "bf16: ZeRO-1 (FP32 gradients reduce-scattered, BF16 parameters all-gathered, overlapped)" in assumed
-    contention = float(re.search(r"contention with compute: ([\d.]+) \(measured: DP steps against their one-GPU twins",
-                                 assumed).group(1))
-    assert contention == pytest.approx(CONTENTION, abs=0.03)  # both DP=2 ZeRO-1 steps, at 3 printed digits
+    # both DP=2 ZeRO-1 steps, at 3 printed digits; they accumulate, so a step of one micro-batch takes theirs too
+    several = re.search(r"at several ([\d.]+) \(measured: DP steps of several micro-batches per rank a step against "
+                        r"their one-GPU twins", assumed)
+    one = re.search(r"at one micro-batch per rank a step ([\d.]+) \(measured: DP steps against their one-GPU twins",
+                    assumed)
+    assert float(several.group(1)) == float(one.group(1)) == pytest.approx(CONTENTION, abs=0.03)
     assert (tmp_path / "out" / "scaling.png").read_bytes()[:4] == b"\x89PNG"
 
 
