@@ -31,6 +31,7 @@ import torch.distributed as dist
 from infir.fp8 import (LOCAL, Fp8SwiGLUOutput, LinearSpec, Recipe, SequenceParallel, SequenceParallelOutput, WeightCache,
                        fp8_linear, tensors_of)
 from infir.model.linears import ColumnLinear, RowLinear, column_input, sequence_reduce_scatter
+from infir.model.main_grad import mark_main_grad_adds
 
 
 def _activation_dtype(x):
@@ -47,7 +48,7 @@ class Fp8Projection:
 
     # set by attach_weight_refresh: only then may the layer read its weight cache unchecked
     weight_refreshed = False
-    # set by the refresh hook where the weight has megatron's main_grad: wgrad adds into it
+    # set by the refresh hook (mark_main_grad_adds) where the weight has megatron's FP32 main_grad: wgrad adds into it
     to_main_grad = False
 
     def _init_fp8(self, recipe: Recipe, swiglu_epilogue: bool) -> None:
@@ -202,12 +203,7 @@ class WeightRefresh:
         else:
             for m in stale:
                 m.weight_cache.get(m.weight, m.recipe)
-        for m in self.linears:
-            # wgrad's GEMM accumulates in FP32: a BF16 main_grad (optimizer.grad_reduce_dtype=bf16) takes
-            # the gradient through DDP's hook instead
-            m.to_main_grad = getattr(m.weight, "main_grad", None) is not None and m.weight.main_grad.dtype == torch.float32
-            if m.to_main_grad:
-                m.weight.grad_added_to_main_grad = True
+        mark_main_grad_adds(self.linears)
 
     def _graphable(self) -> bool:
         """Every weight on a GPU, its recipe's refresh a graph, and already cached once at its present

@@ -21,6 +21,11 @@ it, dY's gather around the row-parallel dgrad, dX's reduce-scatter around the co
 X's gather around its wgrad. The split schedules run inside opaque graph ops, so that a compiled layer
 keeps their order (each GEMM between its rows' arrival and the next transfer) and their writes into rows
 of one output.
+Weight gradients: where megatron's DDP holds an FP32 `main_grad` for the weight (`to_main_grad`, set before each
+forward by mark_main_grad_adds), the backward's wgrad GEMM adds into it in its epilogue (main_grad.add_product)
+and hands autograd an unwritten placeholder, which DDP's hook skips: megatron's gradient_accumulation_fusion,
+which needs apex. Returned instead, the BF16 dW would be cast to FP32 and added by the hook, three more passes
+over every weight's gradient a micro-batch.
 Why not megatron's SP mappings: they write into a preallocated output with the in-place c10d calls, and
 inside a torch.compile'd layer on NCCL the gradients that came out of their backward were wrong (TP=2 with
 SP trained at a 17x smaller gradient norm than one rank, on the same first loss; launch/parallel_check.py).
@@ -35,6 +40,7 @@ from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel
 
 from infir.fp8.oplib import define_op
 from infir.fp8.sp_overlap import gather_mm, mm_reduce_scatter, reserve, shares_memory
+from infir.model.main_grad import add_product, mark_main_grad_adds
 
 
 def _all_gather(x: torch.Tensor, group: str, world: int) -> torch.Tensor:
@@ -100,72 +106,148 @@ _linear_reduce_scatter = define_op(
     lambda x, w, group, world: x.new_empty((x.shape[0] // world, w.shape[0])))
 
 
-def _bf16_gather_wgrad(x: torch.Tensor, dy: torch.Tensor, group: str, world: int) -> torch.Tensor:
+def _bf16_gather_wgrad(x: torch.Tensor, dy: torch.Tensor, weight: torch.Tensor | None, group: str,
+                       world: int) -> torch.Tensor:
     """dW = dY^T @ (every rank's x rows, in rank order), x's gather split per rank around the GEMMs: each
-    rank's rows multiplied by dY's rows of its tokens as they land, each product after the first added
-    by the GEMM's own epilogue (addmm, which sums in FP32 and rounds once to dY's dtype). A dW rounded W
-    times instead of once, against an FP32 buffer's zeroing, adds and cast: passes over the whole weight's
-    FP32 gradient that cost more than the overlap hid (bench/step.py's tp-overlap cases)."""
+    rank's rows multiplied by dY's rows of its tokens as they land, each product added by the GEMM's own
+    epilogue. With `weight`: added into its FP32 main_grad, and an unwritten placeholder returned (as
+    wgrad_main_grad); else dW in dY's dtype (addmm sums in FP32 and rounds once a product: a dW rounded W
+    times instead of once, against an FP32 buffer's zeroing, adds and cast, passes over the whole weight's
+    FP32 gradient that cost more than the overlap hid, bench/step.py's tp-overlap cases)."""
     m = x.shape[0]
-    acc: list[torch.Tensor] = []
+    acc: list[torch.Tensor] = [] if weight is None else [weight.main_grad]
 
     def mm(j: int, t) -> None:
         dy_j = dy[j * m:(j + 1) * m].t()
-        if acc:
+        if weight is not None:
+            add_product(acc[0], dy_j, t[0])
+        elif acc:
             acc[0].addmm_(dy_j, t[0])
         else:
             acc.append(dy_j @ t[0])
 
     gather_mm([x], mm, group)
-    return acc[0]
+    return acc[0] if weight is None else torch.empty_like(weight)
 
 
-_gather_wgrad = define_op("sp_gather_wgrad", "(Tensor x, Tensor dy, str group, int world) -> Tensor", _bf16_gather_wgrad,
-                          lambda x, dy, group, world: dy.new_empty((dy.shape[1], x.shape[1])))
+_gather_wgrad = define_op(
+    "sp_gather_wgrad", "(Tensor x, Tensor dy, Tensor? weight, str group, int world) -> Tensor", _bf16_gather_wgrad,
+    lambda x, dy, weight, group, world: dy.new_empty((dy.shape[1], x.shape[1])) if weight is None
+    else torch.empty_like(weight))
+
+
+def _wgrad_main_grad(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """weight.main_grad += dY^T @ X (add_product), and an unwritten placeholder of the weight's shape for
+    autograd, which megatron's grad hook skips (grad_added_to_main_grad). main_grad is reached through the
+    weight, as infir.fp8's fp8_wgrad_main_grad does it: a parameter is a static input of a CUDA graph, so the
+    captured GEMM writes the real buffer."""
+    add_product(weight.main_grad, dy.t(), x)
+    return torch.empty_like(weight)
+
+
+_wgrad_into_main_grad = define_op("wgrad_main_grad", "(Tensor dy, Tensor x, Tensor weight) -> Tensor", _wgrad_main_grad,
+                                  lambda dy, x, weight: torch.empty_like(weight))
+
+
+def _weight_grad(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, into_main_grad: bool) -> torch.Tensor:
+    """The gradient autograd gets for the master `weight` of y = x @ W^T (dy, x: 2-D): added into its main_grad
+    (a placeholder comes back), else dY^T @ X in the weight's dtype."""
+    if into_main_grad:
+        return _wgrad_into_main_grad(dy, x, weight)
+    return (dy.t() @ x).to(weight.dtype)
+
+
+class _Linear(torch.autograd.Function):
+    """y = x @ W^T (+ b) in x's dtype, from the master weight (cast here, as autocast would), whose gradient
+    the backward adds into main_grad."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        w = weight.to(x.dtype)
+        ctx.save_for_backward(x, w, weight)
+        ctx.has_bias = bias is not None
+        return F.linear(x, w, bias)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, w, weight = ctx.saved_tensors
+        dx = dy @ w if ctx.needs_input_grad[0] else None
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        dw = _wgrad_into_main_grad(dy2, x.reshape(-1, x.shape[-1]), weight) if ctx.needs_input_grad[1] else None
+        return dx, dw, dy2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, into_main_grad: bool) -> torch.Tensor:
+    """F.linear as autocast runs it (in the autocast dtype where it is on); into_main_grad: the weight's
+    gradient added into its FP32 main_grad by the backward's GEMM (module docstring)."""
+    if not into_main_grad:
+        return F.linear(x, weight, bias)
+    dev = x.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+    with torch.autocast(dev, enabled=False):
+        return _Linear.apply(x.to(dtype), weight, None if bias is None else bias.to(dtype))
 
 
 class _OverlappedColumn(torch.autograd.Function):
-    """y = gather(x) @ w^T over the sequence shards, the gather split per rank around the GEMM; in backward
-    dX's reduce-scatter split per rank around dgrad and x's gather around wgrad."""
+    """y = gather(x) @ W^T over the sequence shards, the gather split per rank around the GEMM; in backward
+    dX's reduce-scatter split per rank around dgrad and x's gather around wgrad. W in x's dtype from the
+    master weight; into_main_grad: wgrad adds into its main_grad."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, group: str, world: int) -> torch.Tensor:
-        ctx.save_for_backward(x, w)
-        ctx.group, ctx.world = group, world
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, into_main_grad: bool, group: str, world: int):
+        w = weight.to(x.dtype)
+        ctx.save_for_backward(x, w, weight)
+        ctx.into_main_grad, ctx.group, ctx.world = into_main_grad, group, world
         return _gather_linear(x, w, False, False, group, world)[0]
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x, w = ctx.saved_tensors
+        x, w, weight = ctx.saved_tensors
         dy = dy.contiguous()
         dx = _linear_reduce_scatter(dy, w.t(), ctx.group, ctx.world)  # dY @ W, one destination's rows at a time
-        return dx, _gather_wgrad(x.contiguous(), dy, ctx.group, ctx.world), None, None
+        dw = _gather_wgrad(x.contiguous(), dy, weight if ctx.into_main_grad else None, ctx.group, ctx.world)
+        return dx, dw if ctx.into_main_grad else dw.to(weight.dtype), None, None, None
 
 
 class _OverlappedRow(torch.autograd.Function):
-    """y = this rank's rows of sum over ranks of x @ w^T, the reduce-scatter split per rank around the GEMM."""
+    """y = this rank's rows of sum over ranks of x @ W^T, the reduce-scatter split per rank around the GEMM
+    (W and into_main_grad as _OverlappedColumn)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, group: str, world: int) -> torch.Tensor:
-        ctx.save_for_backward(x, w)
-        ctx.group, ctx.world = group, world
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, into_main_grad: bool, group: str, world: int):
+        w = weight.to(x.dtype)
+        ctx.save_for_backward(x, w, weight)
+        ctx.into_main_grad, ctx.group, ctx.world = into_main_grad, group, world
         return _linear_reduce_scatter(x, w, group, world)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
-        x, w = ctx.saved_tensors
+        x, w, weight = ctx.saved_tensors
         dx, dy_full = _gather_linear(dy.contiguous(), w, True, True, ctx.group, ctx.world)
-        return dx, dy_full.t() @ x, None, None
+        return dx, _weight_grad(dy_full, x, weight, ctx.into_main_grad), None, None, None
 
 
-def overlapped_linear(x: torch.Tensor, weight: torch.Tensor, tp_group, column: bool) -> torch.Tensor:
+def overlapped_linear(x: torch.Tensor, weight: torch.Tensor, tp_group, column: bool,
+                      into_main_grad: bool) -> torch.Tensor:
     """x @ weight^T of a sequence-parallel linear with its collective split per rank around the GEMM:
     column-parallel (x this rank's sequence shard, the output every token) or row-parallel (x every token
-    of this rank's K-shard, the output this rank's shard of the sum). In x's dtype, as autocast would run it."""
-    w = weight.to(x.dtype)
+    of this rank's K-shard, the output this rank's shard of the sum). In x's dtype, as autocast would run it;
+    into_main_grad: the weight's gradient added into its FP32 main_grad."""
     fn = _OverlappedColumn if column else _OverlappedRow
-    y = fn.apply(x.reshape(-1, x.shape[-1]), w, tp_group.group_name, tp_group.size())
-    return y.reshape(-1, *x.shape[1:-1], w.shape[0])
+    with torch.autocast(x.device.type, enabled=False):
+        y = fn.apply(x.reshape(-1, x.shape[-1]), weight, into_main_grad, tp_group.group_name, tp_group.size())
+    return y.reshape(-1, *x.shape[1:-1], weight.shape[0])
+
+
+class MainGradMarks:
+    """A forward pre-hook: mark_main_grad_adds over `linears` before each forward of the module it is on (one
+    outside the compiled layers)."""
+
+    def __init__(self, linears: list):
+        self.linears = linears
+
+    def __call__(self, _module, _args) -> None:
+        mark_main_grad_adds(self.linears)
 
 
 def reserve_overlap_buffers(tp_group, tokens: int, hidden: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -208,20 +290,25 @@ def column_input(x: torch.Tensor, *, allreduce_dgrad: bool, sequence_parallel: b
 class ColumnLinear(ColumnParallelLinear):
     """Column-parallel linear (QKV, FC1): Y_i = X W_i^T on each TP rank."""
 
+    # set before each forward by mark_main_grad_adds where the weight has megatron's FP32 main_grad
+    to_main_grad = False
+
     def _forward_impl(self, input, weight, bias=None, *, allreduce_dgrad=False, sequence_parallel=False, tp_group=None, **_):
         if sequence_parallel and self.config.tp_comm_overlap and tp_group.size() > 1:
-            y = overlapped_linear(input, weight, tp_group, column=True)
+            y = overlapped_linear(input, weight, tp_group, True, self.to_main_grad)
             return y if bias is None else y + bias.to(y.dtype)
         x = column_input(input, allreduce_dgrad=allreduce_dgrad, sequence_parallel=sequence_parallel, tp_group=tp_group)
         return self.matmul(x, weight, bias)
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias, self.to_main_grad)
 
 
 class RowLinear(RowParallelLinear):
     """Row-parallel linear (attention out, FC2): partial sums, reduced by megatron's forward, or under
     sequence parallelism reduce-scattered here."""
+
+    to_main_grad = False  # as ColumnLinear's
 
     def forward(self, input_):
         if not self.sequence_parallel or self.explicit_expert_comm:
@@ -238,8 +325,8 @@ class RowLinear(RowParallelLinear):
         """x @ weight^T reduce-scattered over the sequence: split per rank around the GEMM
         (tp_comm_overlap), or the GEMM, then the collective."""
         if self.config.tp_comm_overlap and self.tp_group.size() > 1:
-            return overlapped_linear(x, weight, self.tp_group, column=False)
+            return overlapped_linear(x, weight, self.tp_group, False, self.to_main_grad)
         return sequence_reduce_scatter(self._forward_impl(x, weight), self.tp_group)
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, weight, bias)
+        return linear(x, weight, bias, self.to_main_grad)

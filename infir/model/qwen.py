@@ -220,7 +220,15 @@ def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_l
 
         use_main_grad_lookup(model)
         model.embedding.register_forward_hook(_embedding_to_autocast_dtype)
-    from infir.model.fp8_linears import attach_weight_refresh, fp8_linears_of, quantize_weights_per_layer
+    _attach_linear_hooks(model, transient_fp8_weights)
+    return model
+
+
+def _attach_linear_hooks(model, transient_fp8_weights: bool) -> None:
+    """The layers' linears' hooks before each forward: the FP8 ones' weight refresh (per layer where their
+    weights are transient), which also marks where they add into main_grad; the other ones' marks."""
+    from infir.model.fp8_linears import Fp8Projection, attach_weight_refresh, fp8_linears_of, quantize_weights_per_layer
+    from infir.model.linears import ColumnLinear, MainGradMarks, RowLinear
 
     fp8_linears = fp8_linears_of(model)
     if transient_fp8_weights:
@@ -229,7 +237,12 @@ def build_gpt(size: QwenSize, config, recipe=None, *, seq_length: int, chunked_l
         fp8_linears = [m for m in fp8_linears if id(m) not in per_layer]
     if fp8_linears:
         attach_weight_refresh(model, fp8_linears)
-    return model
+    # the layers' other linears add their gradients into main_grad as the FP8 ones do (their refresh marks them);
+    # not the LM head, whose weight the chunked loss, or a tied embedding's lookup, also writes
+    high_precision = [m for m in model.decoder.modules()
+                      if isinstance(m, (ColumnLinear, RowLinear)) and not isinstance(m, Fp8Projection)]
+    if high_precision:
+        model.register_forward_pre_hook(MainGradMarks(high_precision))
 
 
 def _embedding_to_autocast_dtype(module, args, out):
