@@ -13,8 +13,7 @@ import torch
 
 def adds_into_main_grad(weight: torch.Tensor) -> bool:
     """True where `weight` has an FP32 main_grad and this forward builds a graph for its gradient."""
-    main = getattr(weight, "main_grad", None)
-    return main is not None and main.dtype == torch.float32 and weight.requires_grad and torch.is_grad_enabled()
+    return marks_main_grad(weight) and weight.requires_grad and torch.is_grad_enabled()
 
 
 def marks_main_grad(weight: torch.Tensor) -> bool:
@@ -42,4 +41,3 @@ def add_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
     else:
         acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
-
