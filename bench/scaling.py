@@ -685,7 +685,8 @@ def project(args) -> None:
     if args.dp_contention is not None:
         contention_line = f"{args.dp_contention:.2f} (--dp-contention)"
     else:
-        (one, one_line), (several, several_line) = (measured_contention(pairs, args.device, micro_batches=n) for n in (1, 2))
+        (one, one_line), (several, several_line) = (measured_contention(pairs, args.device, micro_batches=n)
+                                                    for n in (1, 2))
         contention_line = (f"at one micro-batch per rank a step {one:.2f} ({one_line}), at several "
                            f"{several:.2f} ({several_line})")
     tp_hidden, tp_line = (args.tp_hidden, "--tp-hidden") if args.tp_hidden is not None \
@@ -768,6 +769,7 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
     if src is None or not m.micro_batches:
         return None
     attention = attention_rates(records)
+
     def contention(step: Measured) -> float:  # the other DP steps' that accumulate as `step` does
         return args.dp_contention if args.dp_contention is not None \
             else measured_contention(pairs, step.device, m, step.micro_batches)[0]
@@ -776,7 +778,8 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
     if m.tp_overlap:
         tp_hidden = args.tp_hidden if args.tp_hidden is not None else measured_tp_hidden(tp_pairs, m.device, m)[0]
     net = nets.get(m.device, ONE_GPU)
-    rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention(src)), src, r["seq"], m.device, attention, m)
+    rates = at_length(src.rates(nets.get(src.device, ONE_GPU)[0], contention(src)), src, r["seq"], m.device,
+                      attention, m)
     pred = predict(m.priced(), rates, net[0], m.dp, Overlap(tp_hidden, contention(m)))
     comm = (m.shares or {}).get("communication")
     return {"model": r["model"], "seq": r["seq"], "recompute": r["recompute"], "precision": r["precision"],
@@ -785,7 +788,8 @@ def validate_row(args, m: Measured, records: list[Measured], nets: dict, pairs: 
             "error_%": 100 * (pred["step_ms"] - r["step_ms"]) / r["step_ms"], "compute_ms": pred["compute_ms"],
             "tp_cp_comm_ms": pred["tp_cp_comm_ms"], "profiled_comm_ms": comm * r["step_ms"] if comm else "",
             "data parallel": describe(m.dp) if lay.grad_ranks > 1 else "", "dp_comm_ms": pred["dp_comm_ms"],
-            "dp_cost_ms": pred["dp_cost_ms"], "dp_contention": contention(m) if m.dp.overlap and lay.grad_ranks > 1 else "",
+            "dp_cost_ms": pred["dp_cost_ms"],
+            "dp_contention": contention(m) if m.dp.overlap and lay.grad_ranks > 1 else "",
             "tp_hidden": tp_hidden if m.tp_overlap else "",
             "inputs on its device": "yes" if src.device == m.device and net[2] else "no", "source": src.label}
 
